@@ -1,0 +1,49 @@
+"""onnx2torch_rnn: import ONNX models, recurrent ones exactly, as torch.fx GraphModules.
+
+The whole public API: ``convert``, ``register_converter`` with ``OnnxNode`` / ``Converted`` for custom converters,
+and the error types.
+"""
+
+from __future__ import annotations
+
+import os
+
+from torch import fx
+
+from . import converters as _converters  # noqa: F401 - registers the built-in converters
+from .builder import ConversionContext, build
+from .errors import (
+    ConversionError,
+    InvalidModelError,
+    Onnx2TorchError,
+    UnsupportedAttributeError,
+    UnsupportedOperatorError,
+)
+from .loading import ModelSource, load_model
+from .node import Converted, OnnxNode
+from .registry import register_converter
+
+__all__ = [
+    "ConversionContext",
+    "ConversionError",
+    "Converted",
+    "InvalidModelError",
+    "Onnx2TorchError",
+    "OnnxNode",
+    "UnsupportedAttributeError",
+    "UnsupportedOperatorError",
+    "convert",
+    "register_converter",
+]
+__version__ = "0.1.0"
+
+
+def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None) -> fx.GraphModule:
+    """Convert an ONNX model (path, serialized bytes or ``onnx.ModelProto``) to a ``torch.fx.GraphModule``.
+
+    The module's forward takes the graph inputs in ONNX order (or by their sanitised names) and returns one tensor,
+    or a tuple in ONNX output order when the graph has several outputs. ``base_dir`` is the folder that holds the
+    external data of a model given as bytes or ModelProto.
+    """
+    return build(load_model(model, base_dir))
+

@@ -1,0 +1,1 @@
+"""Linear algebra: MatMul, Gemm, Einsum."""

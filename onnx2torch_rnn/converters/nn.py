@@ -1,0 +1,1 @@
+"""Neural-network layers: convolution, pooling, normalisation, resizing, padding."""

@@ -1,0 +1,1 @@
+"""Recurrent ops: LSTM, GRU, RNN."""

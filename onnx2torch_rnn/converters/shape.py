@@ -1,0 +1,1 @@
+"""Tensor and shape manipulation ops."""

@@ -1,0 +1,47 @@
+"""Error types. Every error that concerns a node names it, so a failure in a large graph is easy to find."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class Onnx2TorchError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class InvalidModelError(Onnx2TorchError, ValueError):
+    """The model is not valid ONNX (the checker's reason is in the message) or is unsafe to load."""
+
+
+class UnsupportedOperatorError(Onnx2TorchError, NotImplementedError):
+    """One or more (domain, op_type, opset) have no registered converter.
+
+    ``missing`` maps each ``(domain, op_type, opset)`` to the names of the nodes that use it, so one error
+    reports everything a model lacks.
+    """
+
+    def __init__(self, missing: Mapping[tuple[str, str, int], Sequence[str]]):
+        self.missing = {key: list(names) for key, names in missing.items()}
+        lines = []
+        for (domain, op_type, opset), names in sorted(self.missing.items()):
+            shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            lines.append(f"  {domain or 'ai.onnx'}::{op_type} (opset {opset}): nodes {shown}")
+        super().__init__(f"{len(self.missing)} unsupported operator(s):\n" + "\n".join(lines))
+
+
+class UnsupportedAttributeError(Onnx2TorchError, NotImplementedError):
+    """A node uses an attribute (or an attribute value, or an input form) that its converter cannot honour."""
+
+    def __init__(self, node_name: str, op_type: str, attribute: str, value: Any, reason: str = ""):
+        self.node_name, self.op_type, self.attribute, self.value = node_name, op_type, attribute, value
+        message = f"{op_type} node {node_name!r}: attribute {attribute}={value!r} is not supported"
+        super().__init__(message + (f": {reason}" if reason else ""))
+
+
+class ConversionError(Onnx2TorchError):
+    """A converter failed on a node for another reason; the original exception is chained."""
+
+    def __init__(self, node_name: str, op_type: str, message: str):
+        self.node_name, self.op_type = node_name, op_type
+        super().__init__(f"{op_type} node {node_name!r}: {message}")

@@ -1,0 +1,1 @@
+"""The nn.Modules that converters create."""

@@ -1,0 +1,35 @@
+"""Small generic modules shared by many converters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class Function(nn.Module):
+    """Calls ``fn(*inputs, **kwargs)``: the module for ops that are one torch function with fixed arguments."""
+
+    def __init__(self, fn: Callable, **kwargs):
+        super().__init__()
+        self.fn = fn
+        self.kwargs = kwargs
+
+    def forward(self, *inputs):
+        return self.fn(*inputs, **self.kwargs)
+
+    def extra_repr(self) -> str:
+        name = getattr(self.fn, "__name__", repr(self.fn))
+        return ", ".join([name, *(f"{k}={v!r}" for k, v in self.kwargs.items())])
+
+
+class ConstantValue(nn.Module):
+    """Returns a fixed tensor (ONNX Constant); the builder folds it at conversion time."""
+
+    def __init__(self, value: torch.Tensor):
+        super().__init__()
+        self.register_buffer("value", value)
+
+    def forward(self):
+        return self.value

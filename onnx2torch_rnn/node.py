@@ -1,0 +1,98 @@
+"""What a converter sees of an ONNX node, and what it returns.
+
+``OnnxNode`` records every attribute a converter reads; the builder refuses a node that carries an attribute its
+converter never read, so no attribute can be ignored silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+from torch import nn
+
+from .errors import UnsupportedAttributeError
+
+_SCHEMA = object()  # sentinel: take the default from the operator schema
+
+
+def attribute_value(attribute: onnx.AttributeProto) -> Any:
+    """An attribute as a Python value: strings decoded, tensors as torch tensors, graphs as GraphProto."""
+    from .tensors import to_torch
+
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, onnx.TensorProto):
+        return to_torch(value)
+    if isinstance(value, list):
+        if value and isinstance(value[0], bytes):
+            return [v.decode() for v in value]
+        if attribute.type == onnx.AttributeProto.TENSORS:
+            return [to_torch(v) for v in value]
+    return value
+
+
+class OnnxNode:
+    """An ONNX node with resolved version, normalised optional inputs and tracked attribute reads."""
+
+    def __init__(self, proto: onnx.NodeProto, name: str, version: int, schema: onnx.defs.OpSchema | None):
+        self.proto = proto
+        self.name = name  # unique and non-empty, also when the ONNX node has no name
+        self.op_type = proto.op_type
+        self.domain = proto.domain
+        self.version = version  # the since_version of the schema this node is converted under
+        self.schema = schema
+        # Optional inputs/outputs may be '' anywhere: normalised to None once, here.
+        self.inputs: tuple[str | None, ...] = tuple(name or None for name in proto.input)
+        self.outputs: tuple[str | None, ...] = tuple(name or None for name in proto.output)
+        self._attributes = {a.name: a for a in proto.attribute}
+        self._read: set[str] = set()
+
+    def input(self, index: int) -> str | None:
+        """Name of input ``index``, or None when it is absent ('' or past the end)."""
+        return self.inputs[index] if index < len(self.inputs) else None
+
+    def output(self, index: int) -> str | None:
+        return self.outputs[index] if index < len(self.outputs) else None
+
+    def has_attr(self, name: str) -> bool:
+        return name in self._attributes
+
+    def attr(self, name: str, default: Any = _SCHEMA) -> Any:
+        """The attribute's value; when absent, ``default`` or else the schema's default (None if it has none)."""
+        self._read.add(name)
+        if name in self._attributes:
+            return attribute_value(self._attributes[name])
+        if default is not _SCHEMA:
+            return default
+        if self.schema is not None and name in self.schema.attributes:
+            proto = self.schema.attributes[name].default_value
+            if proto.type != onnx.AttributeProto.UNDEFINED:
+                return attribute_value(proto)
+        return None
+
+    def unread_attributes(self) -> list[str]:
+        return [name for name in self._attributes if name not in self._read]
+
+    def unsupported(self, attribute: str, value: Any, reason: str = "") -> UnsupportedAttributeError:
+        """The error to raise for an attribute value (or input form) this converter cannot honour."""
+        return UnsupportedAttributeError(self.name, self.op_type, attribute, value, reason)
+
+    def __repr__(self) -> str:
+        return f"OnnxNode({self.op_type!r}, name={self.name!r}, version={self.version})"
+
+
+@dataclass
+class Converted:
+    """A converter's result: the module to call and the ONNX values it takes at run time, in forward order.
+
+    ``inputs`` entries may be None (an absent optional input is passed as None). The module returns one tensor
+    when the node has one output, else a tuple with one entry per output slot of the node.
+    """
+
+    module: nn.Module
+    inputs: Sequence[str | None]
+

@@ -1,0 +1,79 @@
+"""Converter registry keyed on (domain, op_type, since_version).
+
+A converter registered for since_version 13 of an op serves every opset whose schema for that op is the version-13
+one (resolved through ``onnx.defs``), so a model at opset 17 finds it unless the op changed in between. Domains
+unknown to ``onnx.defs`` resolve to the highest registered version not above the model's opset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import onnx
+
+from .node import Converted, OnnxNode
+
+Converter = Callable[[OnnxNode, "ConversionContext"], Converted]  # noqa: F821 - defined in builder
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def normalize_domain(domain: str) -> str:
+    return "" if domain in ONNX_DOMAINS else domain
+
+
+class OperationKey(NamedTuple):
+    domain: str
+    op_type: str
+    version: int
+
+
+_CONVERTERS: dict[OperationKey, Converter] = {}
+
+
+def register_converter(
+    op_type: str, versions: int | Iterable[int], domain: str = "", *, replace: bool = False
+) -> Callable[[Converter], Converter]:
+    """Decorator registering a converter for one or several since_versions of an op.
+
+    Registering a key that already has a converter is an error unless ``replace=True`` (to override a built-in).
+    """
+    versions = (versions,) if isinstance(versions, int) else tuple(versions)
+    domain = normalize_domain(domain)
+
+    def decorate(converter: Converter) -> Converter:
+        keys = [OperationKey(domain, op_type, v) for v in versions]
+        taken = [key for key in keys if key in _CONVERTERS]
+        if taken and not replace:
+            raise ValueError(f"converter already registered for {taken}; pass replace=True to override it")
+        for key in keys:
+            _CONVERTERS[key] = converter
+        return converter
+
+    return decorate
+
+
+def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    try:
+        return onnx.defs.get_schema(op_type, opset, normalize_domain(domain))
+    except onnx.defs.SchemaError:
+        return None
+
+
+def resolve(domain: str, op_type: str, opset: int) -> tuple[Converter, int] | None:
+    """The converter for an op at a model opset and the since_version it is registered under, or None."""
+    domain = normalize_domain(domain)
+    schema = schema_for(domain, op_type, opset)
+    if schema is not None:
+        key = OperationKey(domain, op_type, schema.since_version)
+        return (_CONVERTERS[key], key.version) if key in _CONVERTERS else None
+    versions = [k.version for k in _CONVERTERS if k.domain == domain and k.op_type == op_type and k.version <= opset]
+    if not versions:
+        return None
+    return _CONVERTERS[OperationKey(domain, op_type, max(versions))], max(versions)
+
+
+def registered() -> dict[OperationKey, Converter]:
+    """A copy of the registry, e.g. for generating operators.md."""
+    return dict(_CONVERTERS)

@@ -1,0 +1,95 @@
+"""ONNX <-> torch dtypes and tensors: the one place that knows both type systems."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, numpy_helper
+
+from .errors import InvalidModelError
+
+TORCH_DTYPES: dict[int, torch.dtype] = {
+    TensorProto.FLOAT: torch.float32,
+    TensorProto.DOUBLE: torch.float64,
+    TensorProto.FLOAT16: torch.float16,
+    TensorProto.BFLOAT16: torch.bfloat16,
+    TensorProto.INT8: torch.int8,
+    TensorProto.INT16: torch.int16,
+    TensorProto.INT32: torch.int32,
+    TensorProto.INT64: torch.int64,
+    TensorProto.UINT8: torch.uint8,
+    TensorProto.UINT16: torch.uint16,
+    TensorProto.UINT32: torch.uint32,
+    TensorProto.UINT64: torch.uint64,
+    TensorProto.BOOL: torch.bool,
+    TensorProto.COMPLEX64: torch.complex64,
+    TensorProto.COMPLEX128: torch.complex128,
+}
+ONNX_DTYPES: dict[torch.dtype, int] = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def torch_dtype(onnx_type: int) -> torch.dtype:
+    try:
+        return TORCH_DTYPES[onnx_type]
+    except KeyError:
+        name = TensorProto.DataType.Name(onnx_type) if onnx_type in TensorProto.DataType.values() else onnx_type
+        raise NotImplementedError(f"ONNX element type {name} has no torch equivalent") from None
+
+
+def onnx_dtype(dtype: torch.dtype) -> int:
+    return ONNX_DTYPES[dtype]
+
+
+def is_external(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL
+
+
+def external_data_path(tensor: TensorProto, base_dir: str | None) -> str:
+    """The file that holds an external tensor, refusing any location outside the model's folder."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    location = info.get("location", "")
+    if base_dir is None:
+        raise InvalidModelError(
+            f"tensor {tensor.name!r} keeps its data in external file {location!r}, but the model was not "
+            "loaded from a path: pass the model's file path so its folder is known"
+        )
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, location))
+    if not location or os.path.isabs(location) or os.path.commonpath([root, path]) != root:
+        raise InvalidModelError(
+            f"tensor {tensor.name!r}: external data location {location!r} escapes the model's folder {root!r}; refused"
+        )
+    if not os.path.isfile(path):
+        raise InvalidModelError(f"tensor {tensor.name!r}: external data file {location!r} not found in {root!r}")
+    return path
+
+
+def _read_external(tensor: TensorProto, base_dir: str | None) -> np.ndarray:
+    path = external_data_path(tensor, base_dir)
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    offset = int(info.get("offset", 0))
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    if "length" in info and int(info["length"]) != count * dtype.itemsize:
+        raise InvalidModelError(f"tensor {tensor.name!r}: external data length does not match its shape")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = np.fromfile(f, dtype=dtype.newbyteorder("<"), count=count)
+    if data.size != count:
+        raise InvalidModelError(f"tensor {tensor.name!r}: external data file {path!r} is too short")
+    return data.astype(dtype, copy=False).reshape(tuple(tensor.dims))
+
+
+def to_torch(tensor: TensorProto, base_dir: str | None = None) -> torch.Tensor:
+    """A TensorProto (inline or external data) as a torch tensor of the matching dtype."""
+    dtype = torch_dtype(tensor.data_type)
+    array = _read_external(tensor, base_dir) if is_external(tensor) else numpy_helper.to_array(tensor)
+    if dtype == torch.bfloat16:  # numpy has no bfloat16: carry the bits
+        bits = np.ascontiguousarray(array).view(np.uint16)
+        return torch.from_numpy(bits.astype(np.int16, copy=False).copy()).view(torch.bfloat16)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(np.ascontiguousarray(array))
