@@ -63,7 +63,8 @@ class ConversionContext:
         self._initializers = {t.name: t for t in graph.initializer}
         self._constants: dict[str, torch.Tensor] = {}
         self._types: dict[str, onnx.TypeProto] = {}
-        for info in (*graph.input, *graph.value_info, *graph.output):
+        inferred = loaded.inferred.graph
+        for info in (*inferred.input, *inferred.value_info, *inferred.output):
             if info.type.HasField("tensor_type"):
                 self._types[info.name] = info.type
 

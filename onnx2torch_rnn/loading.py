@@ -1,7 +1,9 @@
 """Reading a model: parse, check, refuse unsafe external data, infer shapes, resolve opsets.
 
 External tensor data is not loaded into the proto (which cannot exceed 2 GB): ``tensors.to_torch`` reads each
-tensor straight from its file when a converter asks for it.
+tensor straight from its file when a converter asks for it. The checker and shape inference run on a skeleton
+of the model whose large initializers are declared as typed graph inputs instead, so no weight is serialized or
+copied for them (and external files need not be resolved relative to the working directory).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from .errors import InvalidModelError
@@ -21,9 +24,15 @@ from .tensors import external_data_path, is_external
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
 
+# Initializers up to this many elements stay in the skeleton, so shape inference can propagate their values
+# (e.g. a Reshape's target shape); larger ones become typed inputs there.
+SKELETON_MAX_ELEMENTS = 1024
+
+
 @dataclass
 class LoadedModel:
-    proto: onnx.ModelProto
+    proto: onnx.ModelProto  # the model as given (with its weights); not modified
+    inferred: onnx.ModelProto  # the weightless skeleton after shape inference: static types of values
     base_dir: str | None  # folder that external data paths are relative to; None for bytes
     opsets: dict[str, int]  # domain ('' for ai.onnx) -> opset version
 
@@ -56,8 +65,7 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None) -
     ``base_dir`` is where external data lives for bytes/ModelProto sources (a path source uses its own folder).
     """
     if isinstance(source, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(source)  # shape inference below must not touch the caller's model
+        proto = source
     elif isinstance(source, bytes | bytearray):
         proto = _parse(bytes(source), "<bytes>")
     elif isinstance(source, str | os.PathLike):
@@ -73,14 +81,45 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None) -
     for tensor in _tensors(proto.graph):
         if is_external(tensor):
             external_data_path(tensor, base_dir)  # raises for a missing file or a path outside the folder
+    skeleton = _skeleton(proto)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(skeleton)
     except onnx.checker.ValidationError as error:
         raise InvalidModelError(f"invalid ONNX model: {error}") from error
     with contextlib.suppress(Exception):  # shape information only helps converters; a model may lack it
-        proto = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        skeleton = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False)
     opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}
-    return LoadedModel(proto, base_dir, opsets)
+    return LoadedModel(proto, skeleton, base_dir, opsets)
+
+
+def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model whose large or external initializers are typed graph inputs instead."""
+    skeleton = _copy_except(proto, "graph")
+    skeleton.graph.CopyFrom(_copy_except(proto.graph, "initializer"))
+    declared = {i.name for i in proto.graph.input}
+    for tensor in proto.graph.initializer:
+        if is_external(tensor) or int(np.prod(tensor.dims)) > SKELETON_MAX_ELEMENTS:
+            if tensor.name not in declared:
+                skeleton.graph.input.append(
+                    onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+        else:
+            skeleton.graph.initializer.append(tensor)
+    return skeleton
+
+
+def _copy_except(message, skipped: str):
+    copy = type(message)()
+    for field, value in message.ListFields():
+        if field.name == skipped:
+            continue
+        target = getattr(copy, field.name)
+        if hasattr(target, "extend"):  # repeated field
+            target.extend(value)
+        elif field.message_type is not None:
+            target.CopyFrom(value)
+        else:
+            setattr(copy, field.name, value)
+    return copy
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:

@@ -1,0 +1,117 @@
+"""The graph builder: inputs/outputs, naming, provenance, constant folding, parameters, training."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import onnx2torch_rnn
+from tests.helpers import check, make_model
+
+
+def _mlp(opset=17):
+    nodes = [
+        helper.make_node("Add", ["x", "w"], ["a"], name="add/bias"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("Mul", ["r", "scale"], ["y"], name="mul"),
+    ]
+    rng = np.random.default_rng(0)
+    init = {"w": rng.standard_normal((2, 3)).astype(np.float32), "scale": np.float32([1.0, 2.0, 3.0])}
+    return make_model(nodes, [("x", np.float32, [2, 3])], ["y"], init, opset=opset)
+
+
+def test_single_output_returns_tensor_and_names_read_like_onnx():
+    gm = check(_mlp())
+    out = gm(torch.ones(2, 3))
+    assert isinstance(out, torch.Tensor)
+    assert {name for name, _ in gm.named_children()} == {"add_bias", "relu", "mul"}
+    metas = [n.meta["onnx"] for n in gm.graph.nodes if n.op == "call_module"]
+    assert [m["name"] for m in metas] == ["add/bias", "relu", "mul"]
+    assert metas[0] == {"name": "add/bias", "op_type": "Add", "domain": "", "version": 14, "opset": 17}
+
+
+def test_inputs_by_keyword_and_outputs_in_onnx_order():
+    nodes = [helper.make_node("Sub", ["a", "b"], ["d"]), helper.make_node("Add", ["a", "b"], ["s"])]
+    model = make_model(nodes, [("a", np.float32, [3]), ("b", np.float32, [3])], ["s", "d"])
+    gm = check(model)
+    a, b = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 1.0, 1.0])
+    s, d = gm(b=b, a=a)
+    torch.testing.assert_close(s, a + b)
+    torch.testing.assert_close(d, a - b)
+
+
+def test_graph_output_can_be_an_input_or_an_initializer():
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, [2])], ["y", ("x", np.float32, [2]), ("c", np.int64, [2])],
+                       {"c": np.array([4, 5], np.int64)})
+    y, x, c = onnx2torch_rnn.convert(model)(torch.tensor([-1.0, 2.0]))
+    assert y.tolist() == [0.0, 2.0] and x.tolist() == [-1.0, 2.0] and c.tolist() == [4, 5]
+
+
+def test_constant_subgraphs_are_folded_into_one_parameter():
+    # W = Mul(Add(w0, w1), two): computed from initializers only, so folded; x + W stays.
+    nodes = [
+        helper.make_node("Add", ["w0", "w1"], ["ws"]),
+        helper.make_node("Mul", ["ws", "two"], ["W"]),
+        helper.make_node("Add", ["x", "W"], ["y"], name="use"),
+    ]
+    init = {"w0": np.float32([1, 2]), "w1": np.float32([3, 4]), "two": np.float32([2, 2])}
+    gm = check(make_model(nodes, [("x", np.float32, [2])], ["y"], init))
+    assert [n.meta["onnx"]["name"] for n in gm.graph.nodes if n.op == "call_module"] == ["use"]
+    params = dict(gm.named_parameters())
+    assert list(params) == ["W"] and params["W"].tolist() == [8.0, 12.0]
+
+
+def test_integer_constants_are_buffers_and_tied_weights_stay_tied():
+    nodes = [helper.make_node("Add", ["x", "w"], ["a"]), helper.make_node("Mul", ["a", "w"], ["b"]),
+             helper.make_node("Add", ["i", "k"], ["j"])]
+    model = make_model(nodes, [("x", np.float32, [2]), ("i", np.int64, [2])], ["b", "j"],
+                       {"w": np.float32([1, 2]), "k": np.array([1, 1], np.int64)})
+    gm = check(model)
+    assert [name for name, _ in gm.named_parameters()] == ["w"]
+    assert [name for name, _ in gm.named_buffers()] == ["k"]
+
+
+def test_unused_nodes_and_constants_are_dropped():
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Add", ["x", "w"], ["unused"])]
+    gm = check(make_model(nodes, [("x", np.float32, [2])], ["y"], {"w": np.float32([1, 2])}))
+    assert list(gm.named_parameters()) == [] and len(list(gm.children())) == 1
+
+
+def test_names_are_sanitised_and_unique():
+    nodes = [helper.make_node("Relu", ["input.1"], ["a"], name="layer/0"),
+             helper.make_node("Relu", ["a"], ["b"], name="layer.0"),
+             helper.make_node("Relu", ["b"], ["y"], name="forward")]
+    gm = check(make_model(nodes, [("input.1", np.float32, [2])], ["y"]))
+    assert [name for name, _ in gm.named_children()] == ["layer_0", "layer_0_1", "forward_1"]
+    assert gm(input_1=torch.ones(2)).tolist() == [1.0, 1.0]
+
+
+def test_a_model_whose_weights_are_initializers_trains():
+    torch.manual_seed(0)
+    gm = onnx2torch_rnn.convert(_mlp())
+    params = list(gm.parameters())
+    assert len(params) == 2 and all(p.requires_grad for p in params)
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.SGD(gm.parameters(), lr=0.1)
+    x, target = torch.randn(2, 3), torch.randn(2, 3)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(gm(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    assert all(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
+
+
+def test_model_accepts_path_bytes_and_proto(tmp_path):
+    model = _mlp()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = torch.randn(2, 3)
+    outputs = [onnx2torch_rnn.convert(src)(x) for src in (model, model.SerializeToString(), path, str(path))]
+    for out in outputs[1:]:
+        torch.testing.assert_close(out, outputs[0])

@@ -1,0 +1,92 @@
+"""Model loading: sources, validation, external data safety and size."""
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import onnx2torch_rnn
+from onnx2torch_rnn import InvalidModelError
+from tests.helpers import make_model
+
+
+def _model_with_weight(weight: np.ndarray):
+    node = helper.make_node("Add", ["x", "w"], ["y"])
+    return make_model([node], [("x", np.float32, list(weight.shape))], ["y"], {"w": weight})
+
+
+def _save_external(model, folder, location="weights.bin"):
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "model.onnx")
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location=location,
+              size_threshold=0)
+    return path
+
+
+def _set_location(path, location):
+    model = onnx.load(path, load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    onnx.save(model, path)
+
+
+def test_external_data_is_read_from_the_model_folder(tmp_path):
+    weight = np.arange(6, dtype=np.float32).reshape(2, 3)
+    path = _save_external(_model_with_weight(weight), tmp_path / "m")
+    gm = onnx2torch_rnn.convert(path)
+    torch.testing.assert_close(gm(torch.zeros(2, 3)), torch.from_numpy(weight))
+    # bytes/ModelProto sources find external data through base_dir
+    proto = onnx.load(path, load_external_data=False)
+    gm = onnx2torch_rnn.convert(proto.SerializeToString(), base_dir=tmp_path / "m")
+    torch.testing.assert_close(gm(torch.zeros(2, 3)), torch.from_numpy(weight))
+    with pytest.raises(InvalidModelError, match="not loaded from a path"):
+        onnx2torch_rnn.convert(proto)
+
+
+@pytest.mark.parametrize("location", ["../secret.bin", "sub/../../secret.bin", "/etc/passwd"])
+def test_external_data_outside_the_model_folder_is_refused(tmp_path, location):
+    path = _save_external(_model_with_weight(np.ones((2, 3), np.float32)), tmp_path / "m")
+    (tmp_path / "secret.bin").write_bytes(np.ones(6, np.float32).tobytes())
+    _set_location(path, location)
+    with pytest.raises(InvalidModelError, match="escapes the model's folder"):
+        onnx2torch_rnn.convert(path)
+
+
+def test_missing_external_file_is_a_clear_error(tmp_path):
+    path = _save_external(_model_with_weight(np.ones((2, 3), np.float32)), tmp_path / "m")
+    os.remove(tmp_path / "m" / "weights.bin")
+    with pytest.raises(InvalidModelError, match="not found"):
+        onnx2torch_rnn.convert(path)
+
+
+def test_models_over_2gb_load(tmp_path):
+    # A 2 GiB + 4 KiB external tensor in a sparse file: the proto stays small and nothing is serialized whole.
+    count = (2**31 + 4096) // 4
+    folder = tmp_path / "big"
+    folder.mkdir()
+    with open(folder / "big.bin", "wb") as f:
+        f.truncate(count * 4)
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [count])
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[count], data_location=TensorProto.EXTERNAL)
+    tensor.external_data.add(key="location", value="big.bin")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "big", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1])], [output], initializer=[tensor])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "model.onnx")
+    gm = onnx2torch_rnn.convert(folder / "model.onnx")
+    (param,) = gm.parameters()
+    assert param.numel() == count and param[-3:].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_invalid_models_raise_with_the_checker_reason():
+    model = _model_with_weight(np.ones((2, 3), np.float32))
+    model.graph.node[0].input[1] = "nowhere"
+    with pytest.raises(InvalidModelError, match="nowhere"):
+        onnx2torch_rnn.convert(model)
+    with pytest.raises(InvalidModelError, match="not a serialized ONNX model"):
+        onnx2torch_rnn.convert(b"\x00garbage")
+    with pytest.raises(FileNotFoundError):
+        onnx2torch_rnn.convert("/no/such/model.onnx")
