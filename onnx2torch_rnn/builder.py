@@ -14,13 +14,14 @@ import operator
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import onnx
 import torch
 from torch import fx, nn
 
 from .errors import ConversionError, Onnx2TorchError, UnsupportedOperatorError
-from .loading import LoadedModel
+from .loading import LoadedModel, subgraphs
 from .node import OnnxNode, attribute_value
 from .registry import normalize_domain, resolve, schema_for
 from .tensors import to_torch, torch_dtype
@@ -54,30 +55,41 @@ class _Names:
 
 
 class ConversionContext:
-    """What converters may ask about the graph: constant values, static types and shapes, opsets."""
+    """What converters may ask about a graph: constant values, static types and shapes, opsets, subgraphs.
 
-    def __init__(self, loaded: LoadedModel):
+    A subgraph (If/Loop/Scan body) gets a child context: constants of enclosing graphs stay visible to its
+    converters (e.g. a Reshape target defined outside the loop).
+    """
+
+    def __init__(self, loaded: LoadedModel, graph: onnx.GraphProto, parent: ConversionContext | None = None):
         self.loaded = loaded
         self.opsets = loaded.opsets
-        graph = loaded.proto.graph
+        self.parent = parent
         self._initializers = {t.name: t for t in graph.initializer}
         self._constants: dict[str, torch.Tensor] = {}
-        self._types: dict[str, onnx.TypeProto] = {}
-        inferred = loaded.inferred.graph
-        for info in (*inferred.input, *inferred.value_info, *inferred.output):
-            if info.type.HasField("tensor_type"):
-                self._types[info.name] = info.type
+
+    def _owner(self, name: str | None) -> ConversionContext | None:
+        scope = self
+        while scope is not None and name is not None:
+            if name in scope._constants or name in scope._initializers:
+                return scope
+            scope = scope.parent
+        return None
 
     def is_constant(self, name: str | None) -> bool:
-        return name is not None and (name in self._constants or name in self._initializers)
+        return self._owner(name) is not None
+
+    def is_local_constant(self, name: str | None) -> bool:
+        return self._owner(name) is self
 
     def constant(self, name: str | None) -> torch.Tensor | None:
         """The value of an initializer or folded constant, else None (absent input or computed at run time)."""
-        if name is None:
+        scope = self._owner(name)
+        if scope is None:
             return None
-        if name not in self._constants and name in self._initializers:
-            self._constants[name] = to_torch(self._initializers.pop(name), self.loaded.base_dir)
-        return self._constants.get(name)
+        if name not in scope._constants:
+            scope._constants[name] = to_torch(scope._initializers.pop(name), self.loaded.base_dir)
+        return scope._constants[name]
 
     def set_constant(self, name: str, value: torch.Tensor) -> None:
         self._constants[name] = value
@@ -86,41 +98,65 @@ class ConversionContext:
         """Static element type of a value when known."""
         if self.is_constant(name):
             return self.constant(name).dtype
-        value_type = self._types.get(name)
+        value_type = self.loaded.types.get(name)
         return torch_dtype(value_type.tensor_type.elem_type) if value_type else None
 
     def shape(self, name: str | None) -> list[int | str | None] | None:
         """Static shape when known: ints, symbolic dim names, or None for unknown dims; None if the rank is unknown."""
         if self.is_constant(name):
             return list(self.constant(name).shape)
-        value_type = self._types.get(name)
+        value_type = self.loaded.types.get(name)
         if value_type is None or not value_type.tensor_type.HasField("shape"):
             return None
         return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                 for d in value_type.tensor_type.shape.dim]
 
+    def subgraph(self, graph: onnx.GraphProto) -> Subgraph:
+        """Convert a control-flow body. Its module takes the body's inputs, then the captured outer values."""
+        return _build_graph(ConversionContext(self.loaded, graph, parent=self), graph)
 
-def plan(graph: onnx.GraphProto, opsets: dict[str, int]) -> list[tuple]:
-    """(converter, version, schema) for each node; one UnsupportedOperatorError listing every missing op."""
-    steps, missing = [], defaultdict(list)
-    for index, node in enumerate(graph.node):
-        domain = normalize_domain(node.domain)
-        opset = opsets.get(domain)
-        found = resolve(domain, node.op_type, opset) if opset is not None else None
-        if found is None:
-            missing[(domain, node.op_type, opset or 0)].append(node.name or f"#{index}")
-            continue
-        converter, version = found
-        steps.append((converter, version, schema_for(domain, node.op_type, opset)))
+
+@dataclass
+class Subgraph:
+    module: fx.GraphModule  # returns a tuple with one entry per graph output
+    captured: list[str]  # outer-scope values the body reads, passed after its own inputs
+
+
+def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
+    """One UnsupportedOperatorError listing every op without a converter, subgraphs included."""
+    missing = defaultdict(list)
+    for g in subgraphs(graph):
+        for index, node in enumerate(g.node):
+            domain = normalize_domain(node.domain)
+            opset = opsets.get(domain)
+            if opset is None or resolve(domain, node.op_type, opset) is None:
+                missing[(domain, node.op_type, opset or 0)].append(node.name or f"#{index}")
     if missing:
         raise UnsupportedOperatorError(missing)
-    return steps
+
+
+def _free_names(graph: onnx.GraphProto) -> list[str]:
+    """Values a (sub)graph reads from enclosing scopes, in order of first use."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    free: dict[str, None] = {}
+    for node in graph.node:
+        reads = list(node.input)
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+                reads += _free_names(body)
+        free.update((name, None) for name in reads if name and name not in defined)
+        defined.update(node.output)
+    free.update((o.name, None) for o in graph.output if o.name not in defined)
+    return list(free)
 
 
 def build(loaded: LoadedModel) -> fx.GraphModule:
-    graph_proto = loaded.proto.graph
-    steps = plan(graph_proto, loaded.opsets)
-    ctx = ConversionContext(loaded)
+    check_supported(loaded.proto.graph, loaded.opsets)
+    return _build_graph(ConversionContext(loaded, loaded.proto.graph), loaded.proto.graph).module
+
+
+def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto) -> Subgraph:
+    is_subgraph = ctx.parent is not None
     root, graph = nn.Module(), fx.Graph()
     attribute_names = _Names(dir(root))
     env: dict[str, fx.Node] = {}
@@ -145,11 +181,18 @@ def build(loaded: LoadedModel) -> fx.GraphModule:
 
     placeholder_names = _Names()
     for info in graph_proto.input:
-        if not ctx.is_constant(info.name):  # an input with an initializer of the same name is a constant
+        if not ctx.is_local_constant(info.name):  # an input with an initializer of the same name is a constant
             env[info.name] = graph.placeholder(placeholder_names(info.name))
+    # A body reads outer values as extra inputs: gradients then reach the outer parameters.
+    captured = _free_names(graph_proto) if is_subgraph else []
+    capture_nodes = {name: graph.placeholder(placeholder_names(name)) for name in captured}
+    env.update(capture_nodes)
 
-    for index, (proto, (converter, version, schema)) in enumerate(zip(graph_proto.node, steps, strict=True)):
-        node = OnnxNode(proto, proto.name or f"{proto.op_type}_{index}", version, schema)
+    for index, proto in enumerate(graph_proto.node):
+        domain = normalize_domain(proto.domain)
+        converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
+        node = OnnxNode(proto, proto.name or f"{proto.op_type}_{index}", version,
+                        schema_for(domain, proto.op_type, ctx.opsets[domain]))
         try:
             result = converter(node, ctx)
             unread = node.unread_attributes()
@@ -175,7 +218,7 @@ def build(loaded: LoadedModel) -> fx.GraphModule:
         root.add_module(target, result.module)
         fx_node = graph.call_module(target, tuple(value(name) for name in result.inputs))
         fx_node.meta["onnx"] = {"name": proto.name, "op_type": proto.op_type, "domain": node.domain,
-                                "version": version, "opset": loaded.opsets[normalize_domain(node.domain)]}
+                                "version": version, "opset": ctx.opsets[domain]}
         if len(node.outputs) == 1:
             outputs = fx_node
         else:
@@ -184,7 +227,7 @@ def build(loaded: LoadedModel) -> fx.GraphModule:
             env[name] = out
 
     outputs = [value(info.name) for info in graph_proto.output]
-    graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
+    graph.output(outputs[0] if len(outputs) == 1 and not is_subgraph else tuple(outputs))
     module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))
     module.graph.eliminate_dead_code()
     module.delete_all_unused_submodules()
@@ -192,8 +235,12 @@ def build(loaded: LoadedModel) -> fx.GraphModule:
     for n in constant_nodes.values():
         if n.target not in used:  # a constant that only a dead node consumed
             delattr(module, n.target)
+    for name in captured[:]:
+        if not capture_nodes[name].users:  # read only by nodes that were folded or are dead
+            module.graph.erase_node(capture_nodes[name])
+            captured.remove(name)
     module.recompile()
-    return module
+    return Subgraph(module, captured)
 
 
 def _per_output(node: OnnxNode, result):

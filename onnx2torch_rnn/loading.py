@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,21 +35,27 @@ class LoadedModel:
     inferred: onnx.ModelProto  # the weightless skeleton after shape inference: static types of values
     base_dir: str | None  # folder that external data paths are relative to; None for bytes
     opsets: dict[str, int]  # domain ('' for ai.onnx) -> opset version
+    types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
+
+    def __post_init__(self):
+        self.types = {info.name: info.type for graph in subgraphs(self.inferred.graph)
+                      for info in (*graph.input, *graph.value_info, *graph.output)
+                      if info.type.HasField("tensor_type")}
 
 
-def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     yield graph
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _subgraphs(attribute.g)
+                yield from subgraphs(attribute.g)
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for g in attribute.graphs:
-                    yield from _subgraphs(g)
+                    yield from subgraphs(g)
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    for g in _subgraphs(graph):
+    for g in subgraphs(graph):
         yield from g.initializer
         for node in g.node:
             for attribute in node.attribute:
@@ -109,16 +115,16 @@ def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _copy_except(message, skipped: str):
     copy = type(message)()
-    for field, value in message.ListFields():
-        if field.name == skipped:
+    for descriptor, value in message.ListFields():
+        if descriptor.name == skipped:
             continue
-        target = getattr(copy, field.name)
+        target = getattr(copy, descriptor.name)
         if hasattr(target, "extend"):  # repeated field
             target.extend(value)
-        elif field.message_type is not None:
+        elif descriptor.message_type is not None:
             target.CopyFrom(value)
         else:
-            setattr(copy, field.name, value)
+            setattr(copy, descriptor.name, value)
     return copy
 
 

@@ -87,9 +87,9 @@ def to_torch(tensor: TensorProto, base_dir: str | None = None) -> torch.Tensor:
     """A TensorProto (inline or external data) as a torch tensor of the matching dtype."""
     dtype = torch_dtype(tensor.data_type)
     array = _read_external(tensor, base_dir) if is_external(tensor) else numpy_helper.to_array(tensor)
-    if dtype == torch.bfloat16:  # numpy has no bfloat16: carry the bits
-        bits = np.ascontiguousarray(array).view(np.uint16)
-        return torch.from_numpy(bits.astype(np.int16, copy=False).copy()).view(torch.bfloat16)
-    if not array.flags.writeable:
+    # np.ascontiguousarray would turn a 0-d array into 1-d: copy only when needed instead
+    if not (array.flags.c_contiguous and array.flags.writeable):
         array = array.copy()
-    return torch.from_numpy(np.ascontiguousarray(array))
+    if dtype == torch.bfloat16:  # numpy has no bfloat16: carry the bits
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)

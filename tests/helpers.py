@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx2torch_rnn
+from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
 
 Spec = tuple  # (name, element type as TensorProto int or numpy dtype, shape or None)
 
@@ -69,44 +69,6 @@ def initializers_to_inputs(model: onnx.ModelProto, names: Sequence[str] | None =
             model.graph.initializer.remove(tensor)
             model.graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, array.shape))
     return model, moved
-
-
-def random_inputs(model: onnx.ModelProto, seed: int = 0, dims: Mapping[str, int] | None = None) -> dict:
-    """Random feeds for every graph input that is not an initializer: floats normal, ints in [0, 4), bools."""
-    rng = np.random.default_rng(seed)
-    initializers = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for info in model.graph.input:
-        if info.name in initializers:
-            continue
-        tensor_type = info.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 3)
-                 for d in tensor_type.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-        if np.issubdtype(dtype, np.floating):
-            feeds[info.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[info.name] = rng.random(shape) > 0.5
-        else:
-            feeds[info.name] = rng.integers(0, 4, shape).astype(dtype)
-    return feeds
-
-
-def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # no fused kernels: the plain spec
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, dict(feeds))
-
-
-def run_torch(module: torch.nn.Module, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    initializers = {t.name for t in model.graph.initializer}
-    args = [torch.from_numpy(np.asarray(feeds[i.name]).copy()) for i in model.graph.input if i.name not in initializers]
-    with torch.no_grad():
-        result = module(*args)
-    results = list(result) if isinstance(result, tuple) else [result]
-    return [r.float().numpy() if r.dtype == torch.bfloat16 else r.numpy() for r in results]
 
 
 def check(

@@ -2,7 +2,6 @@
 
 import numpy as np
 import onnx
-import pytest
 import torch
 from onnx import helper
 

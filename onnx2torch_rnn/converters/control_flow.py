@@ -1,0 +1,72 @@
+"""Control flow: If, Loop, Scan (bodies converted recursively, reading outer values)."""
+
+from __future__ import annotations
+
+from ..modules.control_flow import If, Loop, Scan, Scan8
+from ..node import Converted, OnnxNode
+from ..registry import register_converter
+
+_LATER = (11, 13, 16, 19, 21, 23, 24, 25)  # versions since 11 differ only in the types they allow
+
+
+@register_converter("If", (1, *_LATER))
+def if_(node: OnnxNode, ctx) -> Converted:
+    """Runs the branch the condition selects; branches may read any outer value. Tensor values only (no
+    sequences or optionals). Data-dependent: torch.compile breaks the graph here."""
+    then_branch = ctx.subgraph(node.attr("then_branch"))
+    else_branch = ctx.subgraph(node.attr("else_branch"))
+    captured = list(dict.fromkeys(then_branch.captured + else_branch.captured))
+    module = If(then_branch.module, else_branch.module, [captured.index(n) for n in then_branch.captured],
+                [captured.index(n) for n in else_branch.captured], len(node.outputs))
+    return Converted(module, [node.input(0), *captured])
+
+
+@register_converter("Loop", (1, *_LATER))
+def loop(node: OnnxNode, ctx) -> Converted:
+    """Trip count and/or condition, known or computed at run time; loop-carried values and scan outputs (stacked
+    on a new first axis); the body may read outer values, and gradients flow through every iteration. A loop that
+    runs zero iterations with scan outputs is an error (their shape is unknown). Tensor values only."""
+    body_proto = node.attr("body")
+    body = ctx.subgraph(body_proto)
+    carried = node.inputs[2:]
+    num_scan_outputs = len(body_proto.output) - 1 - len(carried)
+    module = Loop(body.module, len(carried), num_scan_outputs, len(node.outputs))
+    return Converted(module, [node.input(0), node.input(1), *carried, *body.captured])
+
+
+def _scan(node: OnnxNode, ctx, num_state: int, directions_attribute: str) -> tuple[Scan, list[str]]:
+    body_proto = node.attr("body")
+    body = ctx.subgraph(body_proto)
+    num_scan_inputs = node.attr("num_scan_inputs")
+    num_scan_outputs = len(body_proto.output) - num_state
+
+    def listed(name: str, count: int) -> list[int]:
+        values = node.attr(name) or [0] * count
+        if len(values) != count:
+            raise node.unsupported(name, values, f"expected {count} entries")
+        return list(values)
+
+    module = Scan(body.module, num_state, num_scan_inputs,
+                  listed("scan_input_axes", num_scan_inputs) if node.version >= 9 else [0] * num_scan_inputs,
+                  listed(directions_attribute, num_scan_inputs),
+                  listed("scan_output_axes", num_scan_outputs) if node.version >= 9 else [0] * num_scan_outputs,
+                  listed("scan_output_directions", num_scan_outputs) if node.version >= 9 else [0] * num_scan_outputs,
+                  len(node.outputs))
+    return module, body.captured
+
+
+@register_converter("Scan", (9, *_LATER))
+def scan(node: OnnxNode, ctx) -> Converted:
+    """State variables and scan inputs/outputs with any axes and directions; the body may read outer values."""
+    num_state = len(node.inputs) - node.attr("num_scan_inputs")
+    module, captured = _scan(node, ctx, num_state, "scan_input_directions")
+    return Converted(module, [*node.inputs, *captured])
+
+
+@register_converter("Scan", 8)
+def scan_8(node: OnnxNode, ctx) -> Converted:
+    """Scan-8: batch axis 0 on all inputs and outputs, optional sequence_lens (scan outputs zero past each row's
+    length)."""
+    num_state = len(node.inputs) - 1 - node.attr("num_scan_inputs")
+    module, captured = _scan(node, ctx, num_state, "directions")
+    return Converted(Scan8(module), [*node.inputs, *captured])

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Create .venv (once) and install onnx2torch-rnn with its test extra into it.
+# torch is pinned by constraints.txt to the CPU build this machine has locally; pyproject allows a range.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
