@@ -28,7 +28,7 @@ from .tensors import to_torch, torch_dtype
 
 # Ops that must never be evaluated at conversion time, even when all their inputs are constants.
 NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                          "Bernoulli"})
+                          "Bernoulli", "Dropout"})
 
 
 def sanitize(name: str) -> str:
@@ -111,6 +111,17 @@ class ConversionContext:
         return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                 for d in value_type.tensor_type.shape.dim]
 
+    def owned_constant(self, name: str | None) -> torch.Tensor | None:
+        """The value of ``name`` if it is a float constant that only one node input reads, else None.
+
+        Such a tensor may become a parameter of that node's own torch module (nn.Linear, nn.Conv2d, ...); a shared
+        one must stay one parameter of the GraphModule so that tied weights stay tied.
+        """
+        value = self.constant(name)
+        if value is None or not value.is_floating_point() or self.loaded.uses[name] > 1:
+            return None
+        return value
+
     def subgraph(self, graph: onnx.GraphProto) -> Subgraph:
         """Convert a control-flow body. Its module takes the body's inputs, then the captured outer values."""
         return _build_graph(ConversionContext(self.loaded, graph, parent=self), graph)
@@ -152,7 +163,8 @@ def _free_names(graph: onnx.GraphProto) -> list[str]:
 
 def build(loaded: LoadedModel) -> fx.GraphModule:
     check_supported(loaded.proto.graph, loaded.opsets)
-    return _build_graph(ConversionContext(loaded, loaded.proto.graph), loaded.proto.graph).module
+    module = _build_graph(ConversionContext(loaded, loaded.proto.graph), loaded.proto.graph).module
+    return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
 
 
 def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto) -> Subgraph:

@@ -81,7 +81,7 @@ def run_torch(module: torch.nn.Module, model: ModelSource, feeds: Mapping[str, n
     with torch.no_grad():
         result = module(*args)
     results = list(result) if isinstance(result, tuple | list) else [result]
-    return [r.float().numpy() if r.dtype == torch.bfloat16 else r.numpy() for r in results]
+    return [(r.float() if r.dtype == torch.bfloat16 else r).detach().numpy() for r in results]
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +37,15 @@ class LoadedModel:
     base_dir: str | None  # folder that external data paths are relative to; None for bytes
     opsets: dict[str, int]  # domain ('' for ai.onnx) -> opset version
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
+    uses: Counter = field(init=False)  # value name -> how many node inputs and graph outputs read it
 
     def __post_init__(self):
-        self.types = {info.name: info.type for graph in subgraphs(self.inferred.graph)
+        graphs = list(subgraphs(self.inferred.graph))
+        self.types = {info.name: info.type for graph in graphs
                       for info in (*graph.input, *graph.value_info, *graph.output)
                       if info.type.HasField("tensor_type")}
+        self.uses = Counter(name for graph in graphs for node in graph.node for name in node.input if name)
+        self.uses.update(output.name for graph in graphs for output in graph.output)
 
 
 def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -91,7 +96,10 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None) -
     try:
         onnx.checker.check_model(skeleton)
     except onnx.checker.ValidationError as error:
-        raise InvalidModelError(f"invalid ONNX model: {error}") from error
+        # The checker refuses deprecated ops (e.g. GroupNormalization-18) that runtimes still run: not an error
+        # here, though the checker stops at the first finding, so such a model is checked less.
+        if "deprecated" not in str(error):
+            raise InvalidModelError(f"invalid ONNX model: {error}") from error
     with contextlib.suppress(Exception):  # shape information only helps converters; a model may lack it
         skeleton = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False)
     opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}

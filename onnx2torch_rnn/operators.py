@@ -63,7 +63,8 @@ def markdown() -> str:
 
 
 def _doc(entries: list[tuple[OperationKey, object]]) -> str:
-    docs = list(dict.fromkeys(inspect.getdoc(converter) or "" for _, converter in entries))
+    """The converters' docstrings, the newest version's first (its first paragraph is the table's summary)."""
+    docs = list(dict.fromkeys(inspect.getdoc(converter) or "" for _, converter in reversed(entries)))
     return "\n\n".join(d for d in docs if d)
 
 

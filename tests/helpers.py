@@ -47,7 +47,8 @@ def make_model(
         initializer=[numpy_helper.from_array(np.asarray(v), name) for name, v in (initializers or {}).items()],
     )
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
-    ir_version = min(10, helper.find_min_ir_version_for(opsets, ignore_unknown=True))  # onnxruntime reads IR <= 10
+    # onnxruntime reads IR <= 10; IR >= 4 lets initializers be absent from the graph inputs at any opset
+    ir_version = max(4, min(10, helper.find_min_ir_version_for(opsets, ignore_unknown=True)))
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ir_version)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     known = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}

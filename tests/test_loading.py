@@ -90,3 +90,18 @@ def test_invalid_models_raise_with_the_checker_reason():
         onnx2torch_rnn.convert(b"\x00garbage")
     with pytest.raises(FileNotFoundError):
         onnx2torch_rnn.convert("/no/such/model.onnx")
+
+
+def test_deprecated_ops_that_runtimes_still_run_are_accepted():
+    # onnx's checker refuses GroupNormalization-18 as deprecated; onnxruntime runs it, so must we.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3])
+    node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=2)
+    init = [onnx.numpy_helper.from_array(np.ones(2, np.float32), "scale"),
+            onnx.numpy_helper.from_array(np.zeros(2, np.float32), "bias")]
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], init),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(onnx.checker.ValidationError, match="deprecated"):
+        onnx.checker.check_model(model)
+    out = onnx2torch_rnn.convert(model)(torch.arange(12.0).reshape(1, 4, 3)).detach()
+    assert out.shape == (1, 4, 3) and abs(float(out.mean())) < 1e-6

@@ -55,7 +55,7 @@ def _scan(node: OnnxNode, ctx, num_state: int, directions_attribute: str) -> tup
     return module, body.captured
 
 
-@register_converter("Scan", (9, *_LATER))
+@register_converter("Scan", (9, 11, 16, 19, 21, 23, 24, 25))
 def scan(node: OnnxNode, ctx) -> Converted:
     """State variables and scan inputs/outputs with any axes and directions; the body may read outer values."""
     num_state = len(node.inputs) - node.attr("num_scan_inputs")

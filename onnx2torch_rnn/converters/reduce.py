@@ -1,1 +1,40 @@
-"""Reductions."""
+"""Reductions: every Reduce* op through one converter and one module, driven by a table.
+
+The table gives each op's ONNX versions and the version from which ``axes`` is an input instead of an attribute.
+"""
+
+from __future__ import annotations
+
+from ..modules.shape import Reduce
+from ..node import Converted, OnnxNode
+from ..registry import register_converter
+from .shape import attribute_or_input, converted
+
+# op -> (ONNX versions, version from which axes is an input and noop_with_empty_axes exists)
+REDUCE_OPS: dict[str, tuple[tuple[int, ...], int]] = {
+    "ReduceSum": ((1, 11, 13), 13),
+    "ReduceMean": ((1, 11, 13, 18), 18),
+    "ReduceMax": ((1, 11, 12, 13, 18, 20), 18),
+    "ReduceMin": ((1, 11, 12, 13, 18, 20), 18),
+    "ReduceProd": ((1, 11, 13, 18), 18),
+    "ReduceL1": ((1, 11, 13, 18), 18),
+    "ReduceL2": ((1, 11, 13, 18), 18),
+    "ReduceLogSum": ((1, 11, 13, 18, 28), 18),
+    "ReduceLogSumExp": ((1, 11, 13, 18, 28), 18),
+    "ReduceSumSquare": ((1, 11, 13, 18), 18),
+}
+
+
+def reduce(node: OnnxNode, ctx) -> Converted:
+    """Axes as attribute or input (constant or run-time), keepdims; absent or empty axes reduce all axes, or with
+    noop_with_empty_axes=1 none (the element-wise steps still apply: ReduceSumSquare squares). Integer inputs
+    compute in their own type as onnxruntime does (mean truncates, sqrt/log/exp results truncate toward zero)."""
+    since = REDUCE_OPS[node.op_type][1]
+    axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=since)
+    noop = node.attr("noop_with_empty_axes", 0)
+    module = Reduce(node.op_type, axes, node.attr("keepdims"), noop)
+    return converted(module, [node.input(0), axes_input])
+
+
+for _op, (_versions, _) in REDUCE_OPS.items():
+    register_converter(_op, _versions)(reduce)

@@ -1,0 +1,707 @@
+"""Convolution, pooling, normalisation, dropout, rearrangement, resizing and padding against onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import onnx2torch_rnn
+from onnx2torch_rnn.checking import random_inputs
+from tests.helpers import check, helper, make_model
+
+RNG = np.random.default_rng(0)
+
+
+def weighted_model(nodes: Sequence[onnx.NodeProto], inputs: Sequence, weights: Mapping[str, np.ndarray], opset: int,
+                   kind: str = "initializer", outputs: Sequence = ("y",), seed: int = 0):
+    """A model whose ``weights`` are initializers (also listed as graph inputs below IR 4, which requires it) or
+    graph inputs (``kind="input"``). Returns (model, feeds)."""
+    as_inputs = kind == "input"
+    specs = list(inputs)
+    if as_inputs or opset < 9:
+        specs += [(name, value.dtype, value.shape) for name, value in weights.items()]
+    model = make_model(nodes, specs, list(outputs), None if as_inputs else weights, opset)
+    feeds = random_inputs(model, seed)
+    feeds.update(weights if as_inputs else {})
+    return model, feeds
+
+
+def check_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], rtol=1e-4, atol=1e-5):
+    """Like ``check`` for cases onnxruntime refuses: onnx's reference evaluator is the oracle."""
+    from onnx.reference import ReferenceEvaluator
+
+    expected = ReferenceEvaluator(model).run(None, dict(feeds))
+    module = onnx2torch_rnn.convert(model)
+    with torch.no_grad():
+        actual = module(*(torch.from_numpy(feeds[i.name]) for i in model.graph.input if i.name in feeds))
+    actual = actual if isinstance(actual, tuple) else (actual,)
+    for want, got in zip(expected, actual, strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=rtol, atol=atol, strict=True)
+    return module
+
+
+def _count(module: nn.Module, *types) -> int:
+    return sum(isinstance(sub, types) for sub in module.modules())
+
+
+def _node_model(op: str, x_shape, opset: int, dtype=np.float32, outputs=("y",), **attributes):
+    """A one-node model with input ``x``: (model, random feeds)."""
+    node = helper.make_node(op, ["x"], list(outputs), **attributes)
+    return weighted_model([node], [("x", dtype, x_shape)], {}, opset, outputs=outputs)
+
+
+# ----------------------------------------------------------------------------------------------- Conv
+
+CONV_CASES = [  # (attributes, x shape, w shape, bias)
+    ({}, (1, 4, 6, 7), (6, 4, 3, 3), True),
+    ({"strides": [2, 2], "pads": [1, 1, 1, 1]}, (2, 4, 7, 8), (6, 4, 3, 3), True),
+    ({"strides": [2, 1], "pads": [0, 1, 2, 1]}, (1, 4, 7, 8), (6, 4, 3, 3), True),
+    ({"dilations": [2, 1], "group": 2}, (1, 4, 7, 8), (6, 2, 3, 3), True),
+    ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, (1, 4, 7, 8), (6, 4, 4, 3), True),
+    ({"auto_pad": "SAME_LOWER"}, (1, 4, 7, 8), (6, 4, 4, 3), False),
+    ({"auto_pad": "SAME_LOWER", "strides": [3, 2]}, (1, 4, 7, 8), (6, 4, 2, 3), True),
+    ({"auto_pad": "VALID", "strides": [2, 2]}, (1, 4, 7, 8), (6, 4, 3, 3), True),
+    ({"strides": [2], "dilations": [2], "pads": [2, 1]}, (2, 3, 11), (5, 3, 3), True),
+    ({"strides": [1, 2, 1], "pads": [1, 0, 1, 0, 1, 1]}, (1, 2, 4, 5, 6), (3, 2, 2, 3, 3), True),
+    ({"group": 4, "pads": [1, 1, 1, 1]}, (1, 4, 6, 6), (4, 1, 3, 3), False),
+    ({"kernel_shape": [3, 3], "pads": [1, 2, 1, 2]}, (1, 4, 6, 7), (6, 4, 3, 3), False),
+]
+
+
+@pytest.mark.parametrize("opset", [7, 11, 25])
+@pytest.mark.parametrize(("attributes", "x_shape", "w_shape", "bias"), CONV_CASES)
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_conv(opset, attributes, x_shape, w_shape, bias, kind):
+    weights = {"w": RNG.standard_normal(w_shape).astype(np.float32)}
+    if bias:
+        weights["b"] = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    node = helper.make_node("Conv", ["x", *weights], ["y"], **attributes)
+    model, feeds = weighted_model([node], [("x", np.float32, x_shape)], weights, opset, kind)
+    module = check(model, feeds)
+    assert _count(module, nn.Conv1d, nn.Conv2d, nn.Conv3d) == (kind == "initializer")
+
+
+def test_conv_same_with_dilation_refused():
+    model, _ = weighted_model([helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", dilations=[2, 2])],
+                              [("x", np.float32, (1, 2, 6, 6))], {"w": np.ones((2, 2, 3, 3), np.float32)}, 11)
+    with pytest.raises(onnx2torch_rnn.UnsupportedAttributeError, match="dilations"):
+        onnx2torch_rnn.convert(model)
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_conv_kernel_shape_mismatch_refused(op):
+    model, _ = weighted_model([helper.make_node(op, ["x", "w"], ["y"], kernel_shape=[2, 2])],
+                              [("x", np.float32, (1, 2, 6, 6))], {"w": np.ones((2, 2, 3, 3), np.float32)}, 11,
+                              outputs=[("y", np.float32, [None] * 4)])
+    with pytest.raises(onnx2torch_rnn.UnsupportedAttributeError, match="kernel_shape"):
+        onnx2torch_rnn.convert(model)
+
+
+def test_conv_batch_norm_gemm_train():
+    """Converted weights are parameters of torch modules: one optimizer step changes them and the loss."""
+    weights = {"w": RNG.standard_normal((4, 2, 3, 3)).astype(np.float32), **_norm_weights(4, stats=True),
+               "fc": RNG.standard_normal((3, 4)).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["n"]),
+             helper.make_node("GlobalAveragePool", ["n"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1)]
+    model, feeds = weighted_model(nodes, [("x", np.float32, (2, 2, 5, 5))], weights, 13)
+    module = check(model, feeds)
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    x = torch.from_numpy(feeds["x"])
+    before = [p.detach().clone() for p in module.parameters()]
+    loss = module(x).square().sum()
+    loss.backward()
+    optimizer.step()
+    assert all(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+    assert module(x).square().sum() < loss
+
+
+def test_batch_norm_train_mode_is_torch_batch_norm():
+    """Documented behaviour: after .train() the converted nn.BatchNorm normalises with batch statistics."""
+    weights = _norm_weights(3, stats=True)
+    node = helper.make_node("BatchNormalization", ["x", *weights], ["y"])
+    model, feeds = weighted_model([node], [("x", np.float32, (8, 3, 4))], weights, 15)
+    module = onnx2torch_rnn.convert(model).train()
+    y = module(torch.from_numpy(feeds["x"]))
+    torch.testing.assert_close(y.mean((0, 2)), torch.from_numpy(weights["bias"]), atol=1e-5, rtol=0)
+
+
+def test_conv_same_dynamic_size():
+    """SAME pads with strides depend on the input size: without static sizes the generic module computes them."""
+    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])
+    model = make_model([node], [("x", np.float32, (1, 2, "h", "w"))], ["y"],
+                       {"w": RNG.standard_normal((3, 2, 3, 3)).astype(np.float32)}, 13)
+    for size in (5, 6):
+        check(model, {"x": RNG.standard_normal((1, 2, size, size + 1)).astype(np.float32)})
+
+
+CONV_TRANSPOSE_CASES = [  # (attributes, x shape, w shape)
+    ({}, (1, 4, 5, 6), (4, 3, 3, 3)),
+    ({"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, (2, 4, 5, 6), (4, 3, 3, 3)),
+    ({"strides": [2, 2], "pads": [0, 1, 2, 0]}, (1, 4, 5, 6), (4, 3, 3, 3)),
+    ({"strides": [2, 1], "pads": [2, 0, 0, 1], "output_padding": [1, 0]}, (1, 4, 5, 6), (4, 3, 3, 3)),
+    ({"dilations": [2, 2], "group": 2}, (1, 4, 5, 6), (4, 2, 3, 3)),
+    ({"strides": [2, 2], "output_shape": [10, 12]}, (1, 4, 5, 6), (4, 3, 3, 3)),
+    ({"strides": [2, 2], "output_shape": [9, 11], "auto_pad": "SAME_UPPER"}, (1, 4, 5, 6), (4, 3, 3, 3)),
+    ({"strides": [3, 2], "output_shape": [16, 13]}, (1, 4, 5, 6), (4, 3, 2, 2)),
+    ({"strides": [2, 2], "auto_pad": "SAME_UPPER"}, (1, 4, 5, 6), (4, 3, 3, 4)),
+    ({"strides": [2, 3], "auto_pad": "SAME_LOWER", "output_padding": [1, 0]}, (1, 4, 5, 6), (4, 3, 4, 3)),
+    ({"strides": [2, 2], "auto_pad": "VALID", "output_padding": [1, 1]}, (1, 4, 5, 6), (4, 3, 3, 3)),
+    ({"strides": [2], "pads": [1, 2], "dilations": [2]}, (2, 3, 7), (3, 5, 3)),
+    ({"strides": [2, 1, 2], "pads": [1, 0, 0, 1, 1, 1]}, (1, 2, 3, 4, 5), (2, 3, 3, 2, 3)),
+]
+
+
+@pytest.mark.parametrize("opset", [7, 11, 22])
+@pytest.mark.parametrize(("attributes", "x_shape", "w_shape"), CONV_TRANSPOSE_CASES)
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_conv_transpose(opset, attributes, x_shape, w_shape, kind):
+    weights = {"w": RNG.standard_normal(w_shape).astype(np.float32),
+               "b": RNG.standard_normal(w_shape[1] * attributes.get("group", 1)).astype(np.float32)}
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attributes)
+    model, feeds = weighted_model([node], [("x", np.float32, x_shape)], weights, opset, kind)
+    module = check(model, feeds)
+    assert _count(module, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d) == (kind == "initializer")
+
+
+def test_conv_transpose_output_shape_dynamic_size():
+    """output_shape pads depend on the input size: without static sizes the generic module computes them."""
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], output_shape=[9, 11])
+    model = make_model([node], [("x", np.float32, (1, 2, "h", "w"))], [("y", np.float32, [None] * 4)],
+                       {"w": RNG.standard_normal((2, 3, 3, 3)).astype(np.float32)}, 13)
+    module = check(model, {"x": RNG.standard_normal((1, 2, 5, 6)).astype(np.float32)})
+    assert _count(module, nn.ConvTranspose2d) == 0
+
+
+# ----------------------------------------------------------------------------------------------- pooling
+
+POOL_CASES = [  # (attributes, x shape, first opset with these attributes)
+    ({"kernel_shape": [3, 3]}, (1, 3, 7, 8), 7),
+    ({"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 1, 1, 0]}, (2, 3, 7, 8), 7),
+    ({"kernel_shape": [2, 3], "pads": [0, 2, 1, 1], "strides": [1, 2]}, (1, 2, 6, 7), 7),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}, (1, 2, 7, 8), 7),
+    ({"kernel_shape": [4, 3], "strides": [2, 3], "auto_pad": "SAME_LOWER"}, (1, 2, 7, 8), 7),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "VALID"}, (1, 2, 7, 8), 7),
+    ({"kernel_shape": [3], "strides": [2], "pads": [1, 2]}, (2, 3, 9), 7),
+    ({"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [1, 0, 1, 0, 1, 1]}, (1, 2, 5, 6, 7), 7),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, (1, 2, 8, 9), 10),
+    ({"kernel_shape": [2], "strides": [2], "pads": [1, 1], "ceil_mode": 1}, (1, 2, 5), 10),
+    ({"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 2, 1], "ceil_mode": 1}, (1, 2, 8, 7), 10),
+    ({"kernel_shape": [3, 3], "strides": [2, 3], "auto_pad": "SAME_UPPER", "ceil_mode": 1}, (1, 2, 8, 7), 10),
+    ({"kernel_shape": [2, 3], "dilations": [2, 3], "pads": [1, 2, 0, 1]}, (1, 2, 8, 9), "dilations"),
+    ({"kernel_shape": [3, 2], "dilations": [2, 2], "strides": [2, 1], "ceil_mode": 1}, (1, 2, 8, 9), "dilations"),
+    ({"kernel_shape": [3], "dilations": [2], "auto_pad": "SAME_UPPER"}, (1, 2, 9), "dilations"),
+]
+FIRST_DILATED = {"MaxPool": 10, "AveragePool": 19, "LpPool": 18}
+POOL_OPSETS = {"MaxPool": [7, 8, 10, 11, 12, 22], "AveragePool": [7, 10, 11, 19, 22], "LpPool": [7, 11, 18, 22]}
+
+
+def _pool_cases(op: str):
+    for opset in POOL_OPSETS[op]:
+        for attributes, x_shape, first in POOL_CASES:
+            first = FIRST_DILATED[op] if first == "dilations" else first
+            if op == "LpPool" and attributes.get("ceil_mode"):
+                first = 18
+            if opset >= first:
+                yield opset, attributes, x_shape
+
+
+@pytest.mark.parametrize(("opset", "attributes", "x_shape"), list(_pool_cases("MaxPool")))
+def test_max_pool(opset, attributes, x_shape):
+    outputs = ("y", "indices") if opset >= 8 else ("y",)
+    check(*_node_model("MaxPool", x_shape, opset, outputs=outputs, **attributes))
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+@pytest.mark.parametrize("x_shape", [(2, 3, 5, 6), (1, 2, 4, 5, 6)])
+def test_max_pool_indices_storage_order(storage_order, x_shape):
+    kernel = [2] * (len(x_shape) - 2)
+    model, feeds = _node_model("MaxPool", x_shape, 12, outputs=("y", "indices"), kernel_shape=kernel,
+                               pads=[1] * len(kernel) * 2, strides=[2] * len(kernel), storage_order=storage_order)
+    check(model, feeds)
+
+
+def test_max_pool_indices_slot_only_y():
+    """A node that lists an empty Indices slot still returns Y only."""
+    model = make_model([helper.make_node("MaxPool", ["x"], ["y", ""], kernel_shape=[2, 2])],
+                       [("x", np.float32, (1, 2, 5, 5))], ["y"], opset=12)
+    check(model)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float64])
+def test_max_pool_dtypes(dtype):
+    model, _ = _node_model("MaxPool", (1, 2, 6, 7), 12, dtype=dtype, kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                           strides=[2, 2])
+    x = RNG.integers(-100, 100, (1, 2, 6, 7)) if dtype == np.int8 else RNG.integers(0, 255, (1, 2, 6, 7))
+    check(model, {"x": x.astype(dtype)})
+
+
+@pytest.mark.parametrize(("opset", "attributes", "x_shape"), list(_pool_cases("AveragePool")))
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_average_pool(opset, attributes, x_shape, count_include_pad):
+    check(*_node_model("AveragePool", x_shape, opset, count_include_pad=count_include_pad, **attributes))
+
+
+@pytest.mark.parametrize(("opset", "attributes", "x_shape"), list(_pool_cases("LpPool")))
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_lp_pool(opset, attributes, x_shape, p):
+    check(*_node_model("LpPool", x_shape, opset, p=p, **attributes), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("x_shape", [(2, 3, 5), (2, 3, 4, 5), (1, 2, 3, 4, 5)])
+@pytest.mark.parametrize("opset", [7, 22])
+def test_global_pool(op, x_shape, opset):
+    check(*_node_model(op, x_shape, opset))
+
+
+# ----------------------------------------------------------------------------------------------- normalisation
+
+def _norm_weights(channels: int, stats: bool = False, shape=None) -> dict:
+    shape = shape or (channels,)
+    weights = {"scale": RNG.standard_normal(shape).astype(np.float32),
+               "bias": RNG.standard_normal(shape).astype(np.float32)}
+    if stats:
+        weights["mean"] = RNG.standard_normal(shape).astype(np.float32)
+        weights["var"] = RNG.uniform(0.5, 2.0, shape).astype(np.float32)
+    return weights
+
+
+@pytest.mark.parametrize("opset", [7, 9, 14, 15, 25])
+@pytest.mark.parametrize("x_shape", [(4, 3), (2, 3, 5), (2, 3, 4, 5), (1, 3, 2, 3, 4)])
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_batch_normalization(opset, x_shape, kind):
+    weights = _norm_weights(x_shape[1], stats=True)
+    node = helper.make_node("BatchNormalization", ["x", *weights], ["y"], epsilon=1e-3, momentum=0.8)
+    model, feeds = weighted_model([node], [("x", np.float32, x_shape)], weights, opset, kind)
+    module = check(model, feeds)
+    batch_norms = [sub for sub in module.modules() if isinstance(sub, nn.modules.batchnorm._BatchNorm)]
+    assert len(batch_norms) == (kind == "initializer")
+    assert all(not bn.training for bn in batch_norms)
+
+
+def test_batch_normalization_spatial_0():
+    weights = _norm_weights(3, stats=True, shape=(3, 4, 5))
+    node = helper.make_node("BatchNormalization", ["x", *weights], ["y"], spatial=0)
+    check(*weighted_model([node], [("x", np.float32, (2, 3, 4, 5))], weights, 7))
+
+
+@pytest.mark.parametrize("opset", [14, 15])
+@pytest.mark.parametrize("x_shape", [(4, 3), (4, 3, 5), (2, 3, 4, 5)])
+def test_batch_normalization_training_mode(opset, x_shape):
+    weights = _norm_weights(3, stats=True)
+    outputs = ("y", "running_mean", "running_var")
+    node = helper.make_node("BatchNormalization", ["x", *weights], list(outputs), training_mode=1, momentum=0.7)
+    check(*weighted_model([node], [("x", np.float32, x_shape)], weights, opset, outputs=outputs))
+
+
+def test_batch_normalization_training_outputs_of_opset_9_refused():
+    weights = _norm_weights(3, stats=True)
+    outputs = [("y", np.float32, (4, 3, 5))] + [(name, np.float32, (3,)) for name in ("m", "v", "sm", "sv")]
+    node = helper.make_node("BatchNormalization", ["x", *weights], [o[0] for o in outputs])
+    model, _ = weighted_model([node], [("x", np.float32, (4, 3, 5))], weights, 9, outputs=outputs)
+    with pytest.raises(onnx2torch_rnn.UnsupportedAttributeError, match="training"):
+        onnx2torch_rnn.convert(model)
+
+
+@pytest.mark.parametrize("opset", [7, 22])
+@pytest.mark.parametrize("x_shape", [(2, 3, 5), (2, 3, 4, 5), (1, 3, 2, 3, 4)])
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_instance_normalization(opset, x_shape, kind):
+    weights = _norm_weights(x_shape[1])
+    node = helper.make_node("InstanceNormalization", ["x", *weights], ["y"], epsilon=1e-4)
+    module = check(*weighted_model([node], [("x", np.float32, x_shape)], weights, opset, kind))
+    assert _count(module, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d) == (kind == "initializer")
+
+
+@pytest.mark.parametrize("opset", [17, 25])
+@pytest.mark.parametrize(("axis", "x_shape"), [(-1, (2, 3, 5)), (1, (2, 3, 4)), (-2, (2, 3, 4)), (0, (2, 3))])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("outputs", [("y",), ("y", "mean", "inv_std_dev")])
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_layer_normalization(opset, axis, x_shape, bias, outputs, kind):
+    shape = x_shape[axis % len(x_shape):]
+    weights = _norm_weights(0, shape=shape)
+    if not bias:
+        del weights["bias"]
+    node = helper.make_node("LayerNormalization", ["x", *weights], list(outputs), axis=axis, epsilon=1e-3)
+    module = check(*weighted_model([node], [("x", np.float32, x_shape)], weights, opset, kind, outputs=outputs))
+    assert _count(module, nn.LayerNorm) == (kind == "initializer" and len(outputs) == 1)
+
+
+@pytest.mark.parametrize(("opset", "per_group"), [(18, True), (21, False), (25, False)])
+@pytest.mark.parametrize(("num_groups", "x_shape"), [(2, (2, 4, 5)), (3, (2, 6, 3, 4)), (1, (1, 4, 3, 3))])
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_group_normalization(opset, per_group, num_groups, x_shape, kind, monkeypatch):
+    if opset == 18:  # onnx's checker refuses the deprecated opset-18 op, which onnxruntime still runs
+        monkeypatch.setattr(onnx.checker, "check_model", lambda *args, **kwargs: None)
+    weights = _norm_weights(num_groups if per_group else x_shape[1])
+    node = helper.make_node("GroupNormalization", ["x", *weights], ["y"], num_groups=num_groups, epsilon=1e-3)
+    module = check(*weighted_model([node], [("x", np.float32, x_shape)], weights, opset, kind,
+                                   outputs=[("y", np.float32, x_shape)]))
+    assert _count(module, nn.GroupNorm) == (kind == "initializer")
+
+
+@pytest.mark.parametrize("opset", [7, 13])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("x_shape", [(2, 6, 4, 5), (1, 5, 3)])
+def test_lrn(opset, size, x_shape):
+    """onnxruntime runs odd sizes on 4-D inputs only: the others are checked against onnx's reference."""
+    attributes = {"size": size, "alpha": 0.2, "beta": 0.6, "bias": 2.0}
+    model, feeds = _node_model("LRN", x_shape, opset, **attributes)
+    if size % 2 and len(x_shape) == 4:
+        expected = check(model, feeds)(torch.from_numpy(feeds["x"])).numpy()
+        np.testing.assert_allclose(_lrn_reference(feeds["x"], **attributes), expected, rtol=1e-5, atol=1e-6)
+    else:  # onnxruntime refuses these; onnx's reference evaluator is wrong for channels >= batch size
+        module = onnx2torch_rnn.convert(model)
+        np.testing.assert_allclose(module(torch.from_numpy(feeds["x"])).numpy(),
+                                   _lrn_reference(feeds["x"], **attributes), rtol=1e-5, atol=1e-6)
+
+
+def _lrn_reference(x, size, alpha, beta, bias):
+    """The spec's formula, element by element over channels."""
+    channels = x.shape[1]
+    square_sum = np.zeros_like(x)
+    for c in range(channels):
+        low, high = max(0, c - (size - 1) // 2), min(channels - 1, c + -(-(size - 1) // 2))
+        square_sum[:, c] = (x[:, low:high + 1] ** 2).sum(1)
+    return x / (bias + alpha / size * square_sum) ** beta
+
+
+# ----------------------------------------------------------------------------------------------- dropout
+
+@pytest.mark.parametrize("opset", [7, 10, 12, 13, 22])
+@pytest.mark.parametrize("outputs", [("y",), ("y", "mask")])
+def test_dropout_inference(opset, outputs):
+    attributes = {"ratio": 0.3} if opset < 12 else {"seed": 3}
+    specs = [("y", np.float32, (2, 3, 4)), ("mask", np.float32 if opset < 10 else np.bool_, (2, 3, 4))]
+    node = helper.make_node("Dropout", ["x"], list(outputs), **attributes)
+    check(*weighted_model([node], [("x", np.float32, (2, 3, 4))], {}, opset, outputs=specs[:len(outputs)]))
+
+
+@pytest.mark.parametrize("opset", [12, 22])
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_dropout_training_mode_zero_ratio(opset, training, kind):
+    """With ratio 0 training mode keeps everything, so onnxruntime can check the wiring of both inputs."""
+    weights = {"ratio": np.array(0.0, np.float32), "training_mode": np.array(training)}
+    node = helper.make_node("Dropout", ["x", "ratio", "training_mode"], ["y", "mask"])
+    check(*weighted_model([node], [("x", np.float32, (3, 4))], weights, opset, kind, outputs=("y", "mask")))
+
+
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_dropout_training_mode_drops(kind):
+    weights = {"ratio": np.array(0.5, np.float32), "training_mode": np.array(True)}
+    node = helper.make_node("Dropout", ["x", "ratio", "training_mode"], ["y", "mask"], seed=1)
+    model, feeds = weighted_model([node], [("x", np.float32, (50, 40))], weights, 13, kind, outputs=("y", "mask"))
+    module = onnx2torch_rnn.convert(model)
+    args = [torch.from_numpy(np.asarray(feeds[i.name])) for i in model.graph.input if i.name in feeds]
+    y, mask = module(*args)
+    x = torch.from_numpy(feeds["x"])
+    assert mask.dtype == torch.bool and 0.4 < mask.float().mean() < 0.6
+    torch.testing.assert_close(y, torch.where(mask, x * 2, torch.zeros_like(x)))
+
+
+# ----------------------------------------------------------------------------------------------- rearrangement
+
+@pytest.mark.parametrize(("opset", "mode"), [(7, None), (11, "DCR"), (11, "CRD"), (13, "DCR"), (25, "CRD")])
+@pytest.mark.parametrize("blocksize", [2, 3])
+def test_depth_to_space(opset, mode, blocksize):
+    attributes = {"blocksize": blocksize} | ({"mode": mode} if mode else {})
+    check(*_node_model("DepthToSpace", (2, 2 * blocksize**2, 3, 4), opset, **attributes))
+
+
+@pytest.mark.parametrize("opset", [7, 13, 25])
+@pytest.mark.parametrize("blocksize", [2, 3])
+def test_space_to_depth(opset, blocksize):
+    check(*_node_model("SpaceToDepth", (2, 3, 2 * blocksize, 3 * blocksize), opset, blocksize=blocksize))
+
+
+def test_depth_to_space_opset_28():
+    model, feeds = _node_model("DepthToSpace", (2, 8, 3, 4), 28, blocksize=2, mode="CRD")
+    check_reference(model, feeds)
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_28_inverts_depth_to_space(mode):
+    """onnxruntime stops at opset 25: opset 28's SpaceToDepth mode is checked as DepthToSpace's inverse."""
+    nodes = [helper.make_node("SpaceToDepth", ["x"], ["d"], blocksize=2, mode=mode),
+             helper.make_node("DepthToSpace", ["d"], ["y"], blocksize=2, mode=mode)]
+    model = make_model(nodes, [("x", np.float32, (2, 3, 4, 6))], ["y"], opset=28)
+    x = torch.from_numpy(RNG.standard_normal((2, 3, 4, 6)).astype(np.float32))
+    torch.testing.assert_close(onnx2torch_rnn.convert(model)(x), x, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------- Pad
+
+PAD_CASES = [  # (pads over all axes, or (pads, axes))
+    [0, 0, 1, 2, 0, 0, 2, 1],
+    [1, 0, 0, 1, 0, 2, 1, 0],
+    [0, 0, -1, 2, 0, 0, 1, -2],
+    ([1, 2, 2, 0], [2, 3]),
+    ([2, 1], [-1]),
+]
+
+
+def _pad_cases():
+    for opset in (7, 11, 13, 18, 19, 21, 25):
+        for mode in ("constant", "reflect", "edge", "wrap")[: 4 if opset >= 19 else 3]:
+            for case in PAD_CASES:
+                pads, axes = case if isinstance(case, tuple) else (case, None)
+                if axes and opset < 18:
+                    continue
+                for kind in ("initializer", "input") if opset >= 11 else ("initializer",):
+                    yield opset, mode, pads, axes, kind
+
+
+@pytest.mark.parametrize(("opset", "mode", "pads", "axes", "kind"), list(_pad_cases()))
+def test_pad(opset, mode, pads, axes, kind):
+    x_shape = (2, 3, 4, 5)
+    if opset < 11:
+        check(*_node_model("Pad", x_shape, opset, mode=mode, pads=pads, value=1.5))
+        return
+    weights = {"pads": np.array(pads, np.int64), "value": np.array(1.5, np.float32)}
+    if axes:
+        weights["axes"] = np.array(axes, np.int64)
+    node = helper.make_node("Pad", ["x", *weights], ["y"], mode=mode)
+    check(*weighted_model([node], [("x", np.float32, x_shape)], weights, opset, kind,
+                          outputs=[("y", np.float32, [None] * len(x_shape))]))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_pad_dtypes(dtype):
+    weights = {"pads": np.array([1, 0, 0, 2], np.int64)}
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode="constant")
+    check(*weighted_model([node], [("x", dtype, (3, 4))], weights, 13))
+
+
+def test_pad_without_value():
+    node = helper.make_node("Pad", ["x", "pads", ""], ["y"], mode="reflect")
+    check(*weighted_model([node], [("x", np.float32, (3, 4))], {"pads": np.array([1, 2, 2, 1], np.int64)}, 13))
+
+
+def test_pad_unknown_mode_refused():
+    model, _ = _node_model("Pad", (3, 4), 7, mode="wrap", pads=[1, 1, 1, 1])
+    with pytest.raises(onnx2torch_rnn.UnsupportedAttributeError, match="mode"):
+        onnx2torch_rnn.convert(model)
+
+
+# ----------------------------------------------------------------------------------------------- Resize
+
+def _resize_model(opset, x_shape, kind="initializer", scales=None, sizes=None, roi=None, dtype=np.float32,
+                  **attributes):
+    """A Resize model: roi/scales/sizes as initializers or graph inputs; absent ones empty (opset 11) or ''."""
+    weights, names = {}, ["x"]
+    if opset >= 11:
+        for name, value, np_type in (("roi", roi, np.float32), ("scales", scales, np.float32), ("sizes", sizes, None)):
+            if value is not None:
+                weights[name] = np.array(value, np_type or np.int64)
+                names.append(name)
+            elif opset == 11 and name != "sizes":
+                weights[name] = np.array([], np.float32)
+                names.append(name)
+            elif name != "sizes":
+                names.append("")
+    else:
+        weights["scales"] = np.array(scales, np.float32)
+        names.append("scales")
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("Resize", names, ["y"], **attributes)
+    return weighted_model([node], [("x", dtype, x_shape)], weights, opset, kind,
+                          outputs=[("y", dtype, [None] * len(x_shape))])
+
+
+# onnxruntime's nearest path rounds coordinates within ~1e-6 of a .5 tie unlike its own float32 formula (which its
+# linear path follows), so nearest cases avoid scales that put a coordinate a few ulps from a tie.
+UP, DOWN, MIXED = [1, 1, 2.0, 1.5], [1, 1, 0.5, 0.75], [1, 1, 1.7, 0.7]
+COORDINATES = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+               "half_pixel_symmetric"]
+
+
+def _resize_cases(mode):
+    for opset in (11, 13, 19):
+        for coordinate in COORDINATES:
+            if (coordinate == "half_pixel_symmetric" and opset < 19) or (coordinate == "tf_half_pixel_for_nn"
+                                                                         and opset > 11):
+                continue
+            for scales in (UP, DOWN, MIXED):
+                yield opset, coordinate, scales
+
+
+@pytest.mark.parametrize(("opset", "coordinate", "scales"), list(_resize_cases("nearest")))
+@pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+def test_resize_nearest(opset, coordinate, scales, nearest_mode):
+    check(*_resize_model(opset, (2, 3, 5, 7), scales=scales, mode="nearest", coordinate_transformation_mode=coordinate,
+                         nearest_mode=nearest_mode))
+
+
+@pytest.mark.parametrize(("opset", "coordinate", "scales"), list(_resize_cases("linear")))
+@pytest.mark.parametrize("x_shape", [(2, 3, 5, 7), (5, 7)])
+def test_resize_linear(opset, coordinate, scales, x_shape):
+    scales = scales[-len(x_shape):]
+    check(*_resize_model(opset, x_shape, scales=scales, mode="linear", coordinate_transformation_mode=coordinate))
+
+
+@pytest.mark.parametrize("x_shape", [(1, 2, 4, 5, 6), (4, 5, 6)])
+@pytest.mark.parametrize("scales", [[2.0, 0.5, 1.5], [0.7, 1.3, 0.5]])
+def test_resize_trilinear(x_shape, scales):
+    scales = [1.0] * (len(x_shape) - 3) + scales
+    check(*_resize_model(13, x_shape, scales=scales, mode="linear"))
+
+
+@pytest.mark.parametrize(("opset", "coordinate", "scales"), list(_resize_cases("cubic")))
+@pytest.mark.parametrize(("cubic_coeff_a", "exclude_outside"), [(-0.75, 0), (-0.5, 1), (-0.6, 0)])
+def test_resize_cubic(opset, coordinate, scales, cubic_coeff_a, exclude_outside):
+    check(*_resize_model(opset, (2, 3, 5, 7), scales=scales, mode="cubic", coordinate_transformation_mode=coordinate,
+                         cubic_coeff_a=cubic_coeff_a, exclude_outside=exclude_outside))
+
+
+@pytest.mark.parametrize("opset", [10, 13])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [UP, DOWN, [1, 1, 3.0, 2.0]])
+def test_resize_opset_10_semantics(opset, mode, scales):
+    """Opset 10 is asymmetric with onnxruntime's legacy nearest rounding; opset 13 with the same attributes."""
+    attributes = {} if opset == 10 else {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    if opset == 10 or mode == "linear" or min(scales) >= 1:
+        check(*_resize_model(opset, (2, 3, 5, 7), scales=scales, mode=mode, **attributes))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize(("roi", "extrapolation_value"), [([0, 0, 0.2, 0.1, 1, 1, 0.8, 0.9], 0.0),
+                                                          ([0, 0, -0.3, 0.4, 1, 1, 1.2, 0.7], -2.5),
+                                                          ([0, 0, 0.5, 0.5, 1, 1, 0.5, 0.5], 1.0)])
+@pytest.mark.parametrize("opset", [11, 19])
+def test_resize_tf_crop_and_resize(mode, roi, extrapolation_value, opset):
+    check(*_resize_model(opset, (1, 2, 6, 7), sizes=[1, 2, 4, 5], roi=roi, mode=mode,
+                         coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=extrapolation_value))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("sizes", [[2, 3, 9, 4], [2, 3, 1, 1], [2, 3, 5, 7]])
+@pytest.mark.parametrize("opset", [11, 13, 19, 25])
+def test_resize_sizes(mode, sizes, opset):
+    check(*_resize_model(opset, (2, 3, 5, 7), sizes=sizes, mode=mode))
+
+
+@pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
+@pytest.mark.parametrize(("axes", "sizes", "mode"), [(None, [2, 3, 9, 8], "nearest"), ([2, 3], [4, 9], "nearest"),
+                                                     ([2, 3], [4, 9], "linear"), ([3, 2], [12, 4], "linear")])
+def test_resize_axes_and_aspect_ratio(policy, axes, sizes, mode):
+    attributes = {"keep_aspect_ratio_policy": policy} | ({"axes": axes} if axes else {})
+    check(*_resize_model(18, (2, 3, 5, 7), sizes=sizes, mode=mode, **attributes))
+
+
+@pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
+def test_resize_negative_axes(policy):
+    """onnxruntime ignores negative axes under keep_aspect_ratio_policy (it resizes nothing); the spec counts them
+    from the back, so they must convert like their positive equivalents."""
+    x = torch.from_numpy(RNG.standard_normal((2, 3, 5, 7)).astype(np.float32))
+    negative, _ = _resize_model(18, (2, 3, 5, 7), sizes=[3, 9], axes=[-1, -2], mode="linear",
+                                keep_aspect_ratio_policy=policy)
+    positive, _ = _resize_model(18, (2, 3, 5, 7), sizes=[3, 9], axes=[3, 2], mode="linear",
+                                keep_aspect_ratio_policy=policy)
+    check(positive)
+    torch.testing.assert_close(onnx2torch_rnn.convert(negative)(x), onnx2torch_rnn.convert(positive)(x))
+
+
+@pytest.mark.parametrize(("axes", "scales", "roi"), [([2, 3], [0.5, 2.0], [0.1, 0.2, 0.9, 0.8]),
+                                                     ([3], [1.5], [0.2, 0.7])])
+def test_resize_axes_scales_roi(axes, scales, roi):
+    check(*_resize_model(19, (2, 3, 5, 7), scales=scales, roi=roi, axes=axes, mode="linear",
+                         coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=3.0))
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("scales", [[1, 1, 0.5, 0.3], [1, 1, 0.8, 0.45], [1, 1, 1.5, 0.6], [1, 1, 2.0, 3.0]])
+@pytest.mark.parametrize("exclude_outside", [0, 1])
+@pytest.mark.parametrize("coordinate", ["half_pixel", "align_corners", "pytorch_half_pixel", "half_pixel_symmetric"])
+def test_resize_antialias(mode, scales, exclude_outside, coordinate):
+    check(*_resize_model(19, (1, 2, 9, 11), scales=scales, mode=mode, antialias=1, exclude_outside=exclude_outside,
+                         coordinate_transformation_mode=coordinate))
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("sizes", [[1, 2, 4, 5], [1, 2, 12, 15]])
+def test_resize_antialias_tf_crop_and_resize(mode, sizes):
+    check(*_resize_model(19, (1, 2, 9, 11), sizes=sizes, roi=[0, 0, -0.2, 0.1, 1, 1, 1.1, 0.8], mode=mode,
+                         antialias=1, coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=2.0))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_run_time_inputs(mode):
+    """Run-time scales/sizes/roi are read in forward."""
+    check(*_resize_model(13, (1, 2, 5, 6), "input", scales=[1, 1, 1.5, 0.5], mode=mode))
+    check(*_resize_model(13, (1, 2, 5, 6), "input", sizes=[1, 2, 7, 4], mode=mode))
+    check(*_resize_model(13, (1, 2, 5, 6), "input", sizes=[1, 2, 7, 4], roi=[0, 0, 0.1, 0.2, 1, 1, 0.8, 0.9],
+                         mode=mode, coordinate_transformation_mode="tf_crop_and_resize"))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int8])
+def test_resize_nearest_integers(dtype):
+    model, _ = _resize_model(13, (1, 2, 4, 5), scales=[1, 1, 1.5, 2.5], dtype=dtype, mode="nearest")
+    check(model, {"x": RNG.integers(0, 100, (1, 2, 4, 5)).astype(dtype)})
+
+
+def test_resize_linear_integers_refused():
+    model, _ = _resize_model(13, (1, 2, 4, 5), scales=[1, 1, 2, 2], dtype=np.uint8, mode="linear")
+    with pytest.raises(onnx2torch_rnn.UnsupportedAttributeError, match="mode"):
+        onnx2torch_rnn.convert(model)
+
+
+def test_resize_antialias_nearest_refused():
+    model, _ = _resize_model(18, (1, 2, 4, 5), scales=[1, 1, 0.5, 0.5], mode="nearest", antialias=1)
+    with pytest.raises(onnx2torch_rnn.UnsupportedAttributeError, match="antialias"):
+        onnx2torch_rnn.convert(model)
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("scales", [[1, 1, 2.0, 3.0], [1, 1, 1.5, 2.5]])
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_upsample(opset, mode, scales, kind):
+    if opset == 7:
+        if kind == "input":
+            return
+        node = helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=scales)
+        model, feeds = weighted_model([node], [("x", np.float32, (1, 2, 4, 5))], {}, opset,
+                                      outputs=[("y", np.float32, [None] * 4)])
+    else:
+        node = helper.make_node("Upsample", ["x", "scales"], ["y"], mode=mode)
+        model, feeds = weighted_model([node], [("x", np.float32, (1, 2, 4, 5))],
+                                      {"scales": np.array(scales, np.float32)}, opset, kind,
+                                      outputs=[("y", np.float32, [None] * 4)])
+    check(model, feeds)
+
+
+# ----------------------------------------------------------------------------------------------- dtypes
+
+FLOAT16_CASES = [
+    ("Conv", {"w": (3, 2, 3, 3), "b": (3,)}, {"pads": [1, 0, 1, 1]}),
+    ("ConvTranspose", {"w": (2, 3, 3, 3), "b": (3,)}, {"strides": [2, 2]}),
+    ("BatchNormalization", {"scale": (2,), "bias": (2,), "mean": (2,), "var": (2,)}, {}),
+    ("InstanceNormalization", {"scale": (2,), "bias": (2,)}, {}),
+    ("AveragePool", {}, {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]}),
+    ("MaxPool", {}, {"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]}),
+]
+
+
+@pytest.mark.parametrize(("op", "shapes", "attributes"), FLOAT16_CASES)
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_float16(op, shapes, attributes, kind):
+    """float16 in, float16 out; tolerances sized for float16's 11-bit mantissa."""
+    weights = {name: RNG.uniform(0.5, 1.5, shape).astype(np.float16) for name, shape in shapes.items()}
+    node = helper.make_node(op, ["x", *weights], ["y"], **attributes)
+    check(*weighted_model([node], [("x", np.float16, (1, 2, 5, 6))], weights, 17, kind,
+                          outputs=[("y", np.float16, [None] * 4)]), rtol=2e-3, atol=2e-3)
+
+
+def test_resize_float16():
+    model, feeds = _resize_model(13, (1, 2, 5, 6), scales=[1, 1, 2, 1.5], mode="linear", dtype=np.float16)
+    check(model, feeds, rtol=2e-3, atol=2e-3)  # float16 precision
