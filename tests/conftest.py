@@ -1,4 +1,16 @@
+import zlib
+
+import numpy as np
+import pytest
 import torch
 
 # pytest-xdist runs one worker per core: one torch thread each avoids oversubscribing the machine.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _per_test_rng(request):
+    """Test modules draw inputs from a module-level ``RNG``: reseed it per test so each test's data does not depend
+    on which tests ran before it in the same (xdist) worker."""
+    if hasattr(request.module, "RNG"):
+        request.module.RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

@@ -487,9 +487,10 @@ def _prod(x, dims, keep):
 def _log_sum_exp(x, dims, keep):
     if x.is_floating_point():
         return torch.logsumexp(x, dims, keep)
+    # onnxruntime: each exp term truncated to the integer type, then log(total) + peak in double, then truncated
     peak = x.amax(dims, keepdim=True)
     total = _sum(torch.exp(x - peak).to(x.dtype), dims, keep)
-    return torch.log(total).to(x.dtype) + (peak if keep else peak.squeeze(dims))
+    return (torch.log(total.double()) + (peak if keep else peak.squeeze(dims))).to(x.dtype)
 
 
 def _square(x):
