@@ -25,12 +25,16 @@ def if_(node: OnnxNode, ctx) -> Converted:
 def loop(node: OnnxNode, ctx) -> Converted:
     """Trip count and/or condition, known or computed at run time; loop-carried values and scan outputs (stacked
     on a new first axis); the body may read outer values, and gradients flow through every iteration. A loop that
-    runs zero iterations with scan outputs is an error (their shape is unknown). Tensor values only."""
+    runs zero iterations returns its initial values and, as onnxruntime, empty scan outputs of shape
+    [0, *static shape of the body output] with 0 for unknown dims ([0] when even the rank is unknown). Tensor
+    values only."""
     body_proto = node.attr("body")
     body = ctx.subgraph(body_proto)
     carried = node.inputs[2:]
-    num_scan_outputs = len(body_proto.output) - 1 - len(carried)
-    module = Loop(body.module, len(carried), num_scan_outputs, len(node.outputs))
+    scan_outputs = [o.name for o in body_proto.output[1 + len(carried):]]
+    empty = [((0, *(d if isinstance(d, int) else 0 for d in ctx.shape(name) or ())), ctx.dtype(name))
+             for name in scan_outputs]
+    module = Loop(body.module, len(carried), len(scan_outputs), len(node.outputs), empty)
     return Converted(module, [node.input(0), node.input(1), *carried, *body.captured])
 
 

@@ -32,10 +32,13 @@ class If(nn.Module):
 class Loop(nn.Module):
     """ONNX Loop: ``for i in range(M) while cond`` over a body(i, cond, *carried, *captured)."""
 
-    def __init__(self, body: nn.Module, num_carried: int, num_scan_outputs: int, num_outputs: int):
+    def __init__(self, body: nn.Module, num_carried: int, num_scan_outputs: int, num_outputs: int,
+                 empty_scan_outputs: Sequence[tuple[tuple[int, ...], torch.dtype | None]] = ()):
         super().__init__()
         self.body = body
         self.num_carried, self.num_scan_outputs, self.num_outputs = num_carried, num_scan_outputs, num_outputs
+        # (shape, dtype) of each scan output when the loop runs zero times (dtype None: unknown)
+        self.empty_scan_outputs = list(empty_scan_outputs)
 
     def forward(self, trip_count: torch.Tensor | None, cond: torch.Tensor | None, *values: torch.Tensor):
         carried, captured = list(values[: self.num_carried]), values[self.num_carried :]
@@ -53,9 +56,14 @@ class Loop(nn.Module):
             if cond is not None:  # without a cond input the body's cond output is ignored
                 keep_going = bool(cond_value.reshape(()))
             i += 1
-        if any(not scan for scan in scans):
-            raise NotImplementedError("Loop ran zero iterations: the shape of its scan outputs is unknown")
-        outputs = (*carried, *(torch.stack(scan) for scan in scans))
+        if i == 0 and scans:
+            if len(self.empty_scan_outputs) != len(scans) or any(d is None for _, d in self.empty_scan_outputs):
+                raise NotImplementedError("Loop ran zero iterations: the type of its scan outputs is unknown")
+            device = next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+            stacked = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in self.empty_scan_outputs]
+        else:
+            stacked = [torch.stack(scan) for scan in scans]
+        outputs = (*carried, *stacked)
         return outputs[0] if self.num_outputs == 1 else outputs
 
 

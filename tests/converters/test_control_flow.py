@@ -147,3 +147,41 @@ def test_scan_8_batch_and_sequence_lens(with_lengths):
         inputs.insert(0, ("lens", np.int64, [3]))
         feeds["lens"] = np.int64([4, 2, 3])
     check(make_model([node], inputs, ["s_final", "ys"], opset=8), feeds)
+
+
+def _zero_trip_model(h_shape, body_output_shape, reshape):
+    """Loop(M) carrying h of shape h_shape, whose scan output has the given declared shape in the body; with
+    `reshape`, the scan output is Reshape(h, target) with a run-time target of unknown length, so neither ONNX nor
+    onnxruntime knows its rank."""
+    nodes = [helper.make_node("Add", ["h_in", "step"], ["h_out"])]
+    if reshape:
+        nodes.append(helper.make_node("Reshape", ["h_out", "target"], ["h_scan"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["h_out"], ["h_scan"]))
+    body = _graph(nodes,
+                  [_info("i", TensorProto.INT64, []), _info("c", TensorProto.BOOL, []), _info("h_in", F, h_shape)],
+                  [_info("c", TensorProto.BOOL, []), _info("h_out", F, h_shape), _info("h_scan", F, body_output_shape)])
+    body.node.insert(0, helper.make_node("Identity", ["c"], ["c_copy"]))  # keep the body's cond input used
+    inputs = [("h0", np.float32, h_shape), ("M", np.int64, []), ("target", np.int64, [None])]
+    loop = helper.make_node("Loop", ["M", "", "h0"], ["h_final", "h_all"], body=body)
+    # an output of unknown rank cannot be declared: rank 3 is what it has after some iterations
+    return make_model([loop], inputs, [("h_final", np.float32, h_shape), ("h_all", np.float32, [None] * 3) if reshape
+                                       else "h_all"],
+                      {"step": np.float32(0.5)})
+
+
+@pytest.mark.parametrize("h_shape, body_output_shape, reshape", [
+    ([2, 3], [2, 3], False), ([2, 3], ["batch", 3], False), ([2, 3], None, False), (["batch", 3], None, False),
+    ([2, 3], None, True)])
+@pytest.mark.parametrize("trips", [0, 2])
+def test_loop_zero_iterations_gives_empty_scan_outputs(h_shape, body_output_shape, reshape, trips):
+    """As onnxruntime: the initial carried values and scan outputs of shape [0, *the body output's static shape]
+    (0 for unknown or symbolic dims, [0] for an unknown rank)."""
+    model = _zero_trip_model(h_shape, body_output_shape, reshape)
+    feeds = {"h0": np.ones((2, 3), np.float32), "M": np.array(trips, np.int64), "target": np.int64([3, 2])}
+    module = check(model, feeds)
+    if trips == 0:
+        h0 = torch.ones(2, 3, requires_grad=True)
+        h_final, h_all = module(h0, torch.tensor(0), torch.tensor([3, 2]))
+        h_final.sum().backward()  # the initial value passes through with its gradient
+        assert torch.equal(h0.grad, torch.ones(2, 3)) and h_all.shape[0] == 0

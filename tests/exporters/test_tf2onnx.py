@@ -1,0 +1,81 @@
+"""tf2onnx 1.17 models of Keras 3, tf_keras and tf.compat.v1 recurrent layers (tests/models/keras, made by
+generate.py there).
+
+tf2onnx turns what it matches into LSTM/GRU (Transpose -> op -> Squeeze, Keras gate order folded into W/R/B) and the
+rest into a Loop over the step function: Keras 3 GRU and SimpleRNN, tf_keras GRU(reset_after=False), hard_sigmoid
+cells, masking (Embedding(mask_zero=True), Masking) and own cells; TF1 dynamic_rnn graphs (peepholes, cell_clip,
+projections, sequence_length, MultiRNNCell) become a Scan. Every model must match onnxruntime (the export's sizes,
+other batch/time sizes, and one row of one step, where a masked Keras 3 layer's Loop runs zero times) and train:
+gradients reach every weight matrix, also through the Loop and Scan bodies, and folded weights are parameters.
+"""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from onnx2torch_rnn.modules.control_flow import Loop, Scan
+from tests.exporters.common import (
+    MODELS,
+    assert_weights_are_parameters,
+    check_exported,
+    manifest_input_sets,
+    read_manifest,
+    recurrent_modules,
+)
+
+FOLDER = MODELS / "keras"
+MANIFEST = read_manifest(FOLDER)
+ENTRIES = {entry["file"]: entry for entry in MANIFEST["models"]}
+ONE_STEP = {"batch": {"export": 2, "second": 1}, "time": {"export": 5, "second": 1}}
+
+
+@pytest.mark.parametrize("file", sorted(ENTRIES))
+def test_tf2onnx_model(file):
+    entry = ENTRIES[file]
+    input_sets = manifest_input_sets(FOLDER, entry, MANIFEST["sizes"])
+    input_sets.append(manifest_input_sets(FOLDER, entry, ONE_STEP, seed=1)[-1])
+    module = check_exported(FOLDER / file, input_sets)
+    assert_weights_are_parameters(module)
+    # check_exported ran backward: every weight matrix, in recurrent modules or read by Loop bodies, got a gradient
+    matrices = [(name, p) for name, p in module.named_parameters() if p.dim() >= 2]
+    assert matrices
+    for name, param in matrices:
+        assert param.grad is not None and bool(param.grad.abs().sum() > 0), f"no gradient reaches {name}"
+    model = onnx.load(str(FOLDER / file))
+    ops = [node.op_type for node in model.graph.node]
+    assert len(recurrent_modules(module)) == sum(op in ("LSTM", "GRU", "RNN") for op in ops)
+    assert sum(isinstance(m, Loop) for m in module.modules()) == ops.count("Loop")
+    assert sum(isinstance(m, Scan) for m in module.modules()) == ops.count("Scan")
+    assert sorted(set(ops) & {"LSTM", "GRU", "RNN", "Loop", "Scan"}) == entry["emitted"]
+
+
+def test_manifest_covers_the_issue():
+    """Both Keras flavours, each of the layer options the issue names, Loops from masking and own cells, and Scans
+    from TF1 cells tf2onnx does not match."""
+    cases = {(e["exporter"], e["case"]) for e in MANIFEST["models"]}
+    for flavour in ("tf2onnx (keras3)", "tf2onnx (tf_keras)"):
+        for case in ("lstm_seq", "lstm_state", "gru_reset_after", "gru_reset_before", "simple_rnn",
+                     "lstm_go_backwards", "bi_lstm_concat", "stacked", "lstm_hard_sigmoid", "embedding_mask_lstm",
+                     "masking_gru", "custom_cell"):
+            assert (flavour, case) in cases
+    for case in ("lstm_peepholes", "lstm_cell_clip", "gru_cell", "lstm_sequence_length"):
+        assert ("tf2onnx (tf_v1)", case) in cases
+    emitted = {op for e in MANIFEST["models"] for op in e["emitted"]}
+    assert {"LSTM", "GRU", "Loop", "Scan"} <= emitted
+    assert all(e["bytes"] < 100_000 for e in MANIFEST["models"])
+
+
+def test_masked_loop_trains_through_the_mask():
+    """Embedding(mask_zero) -> LSTM runs as a Loop: a padded step leaves the state alone, so the gradient of the
+    final state does not depend on the padded steps' embeddings while the unpadded ones get one."""
+    entry = ENTRIES["tf_keras_embedding_mask_lstm.onnx"]
+    module = check_exported(FOLDER / entry["file"], manifest_input_sets(FOLDER, entry, MANIFEST["sizes"]))
+    embedding = next(p for p in module.parameters() if p.shape[0] == 12)  # the [vocab, 4] table
+    tokens = torch.tensor([[3, 5, 0, 0, 0], [7, 0, 2, 4, 1]], dtype=torch.int32)
+    module.zero_grad()
+    module(tokens).sum().backward()
+    grad = embedding.grad.abs().sum(1)
+    assert bool((grad[[1, 2, 3, 4, 5, 7]] > 0).all())
+    assert float(grad[[6, 8, 9, 10, 11]].abs().sum()) == 0.0  # tokens never fed
+    np.testing.assert_array_equal(grad[0].numpy(), 0.0)  # padding (row 0 of the table) never reaches the state
