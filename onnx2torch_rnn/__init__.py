@@ -1,7 +1,7 @@
 """onnx2torch_rnn: import ONNX models, recurrent ones exactly, as torch.fx GraphModules.
 
 The whole public API: ``convert``, ``register_converter`` with ``OnnxNode`` / ``Converted`` for custom converters,
-and the error types.
+``compare`` (the converted model against onnxruntime, with the first diverging node), and the error types.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from torch import fx
 
 from . import converters as _converters  # noqa: F401 - registers the built-in converters
 from .builder import ConversionContext, build
+from .checking import compare
 from .errors import (
     ConversionError,
     InvalidModelError,
@@ -32,6 +33,7 @@ __all__ = [
     "OnnxNode",
     "UnsupportedAttributeError",
     "UnsupportedOperatorError",
+    "compare",
     "convert",
     "register_converter",
 ]

@@ -3,17 +3,19 @@
 Plan first (every node must have a converter: one error lists all that do not), then walk the nodes in order
 with one map {ONNX value name -> fx.Node}. A node whose run-time inputs are all constants is folded: its module
 runs once here and its outputs become constants, so weights an exporter computes from initializers reach their
-consumer as plain tensors. Constants consumed at run time become attributes of the GraphModule: float ones
-``nn.Parameter`` (trainable), others buffers. One parameter per ONNX value, so tied weights stay tied.
+consumer as plain tensors. Constants consumed at run time become attributes of the GraphModule: float tensors
+``nn.Parameter`` (trainable), scalars and integer tensors buffers. One parameter per ONNX value, so tied
+weights stay tied.
 """
 
 from __future__ import annotations
 
 import keyword
+import logging
 import operator
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import onnx
@@ -25,6 +27,8 @@ from .loading import LoadedModel, subgraphs
 from .node import OnnxNode, attribute_value
 from .registry import normalize_domain, resolve, schema_for
 from .tensors import to_torch, torch_dtype
+
+logger = logging.getLogger(__name__)  # DEBUG: one line per node (converter, module, fast/exact path)
 
 # Ops that must never be evaluated at conversion time, even when all their inputs are constants.
 NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -161,13 +165,30 @@ def _free_names(graph: onnx.GraphProto) -> list[str]:
     return list(free)
 
 
-def build(loaded: LoadedModel) -> fx.GraphModule:
+def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = None) -> fx.GraphModule:
+    """``progress(done, total)`` is called after each node of the main graph."""
     check_supported(loaded.proto.graph, loaded.opsets)
-    module = _build_graph(ConversionContext(loaded, loaded.proto.graph), loaded.proto.graph).module
+    module = _build_graph(ConversionContext(loaded, loaded.proto.graph), loaded.proto.graph, progress).module
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
 
 
-def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto) -> Subgraph:
+def _describe(module: nn.Module) -> str:
+    """One line: class and extra_repr, with submodules (not subgraph bodies) in brackets."""
+    children = [_describe(m) for m in module.children() if not isinstance(m, fx.GraphModule)]
+    return f"{type(module).__name__}({module.extra_repr()}{' [' + ', '.join(children) + ']' if children else ''})"
+
+
+def _log(ctx: ConversionContext, node: OnnxNode, converter: Callable, module: nn.Module | None) -> None:
+    depth = 0
+    while ctx.parent is not None:
+        ctx, depth = ctx.parent, depth + 1
+    where = f"{converter.__module__.removeprefix('onnx2torch_rnn.')}.{converter.__qualname__}"
+    logger.debug("%s%s-%d node %r -> %s: %s", "  " * depth, node.op_type, node.version, node.name, where,
+                 "folded (constant at conversion)" if module is None else _describe(module))
+
+
+def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
+                 progress: Callable[[int, int], None] | None = None) -> Subgraph:
     is_subgraph = ctx.parent is not None
     root, graph = nn.Module(), fx.Graph()
     attribute_names = _Names(dir(root))
@@ -184,7 +205,8 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto) -> Subgra
             if tensor is None:
                 raise ConversionError("<graph>", "-", f"value {name!r} is used before it is computed")
             target = attribute_names(name)
-            if tensor.is_floating_point():
+            # Weights train; a scalar (an epsilon, a clip bound, the 1 in 1 - z) is a constant, not a weight.
+            if tensor.is_floating_point() and tensor.numel() > 1:
                 root.register_parameter(target, nn.Parameter(tensor))
             else:
                 root.register_buffer(target, tensor)
@@ -222,6 +244,10 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto) -> Subgra
         except Exception as error:
             raise ConversionError(node.name, node.op_type, f"{type(error).__name__}: {error}") from error
 
+        if logger.isEnabledFor(logging.DEBUG):
+            _log(ctx, node, converter, None if foldable else result.module)
+        if progress is not None:
+            progress(index + 1, len(graph_proto.node))
         if foldable:
             for name, tensor in _per_output(node, outputs):
                 ctx.set_constant(name, tensor)
@@ -231,6 +257,8 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto) -> Subgra
         fx_node = graph.call_module(target, tuple(value(name) for name in result.inputs))
         fx_node.meta["onnx"] = {"name": proto.name, "op_type": proto.op_type, "domain": node.domain,
                                 "version": version, "opset": ctx.opsets[domain]}
+        # the ONNX value of each call argument and of each output slot (None where absent), for debugging tools
+        fx_node.meta["onnx_values"] = {"inputs": tuple(result.inputs), "outputs": node.outputs}
         if len(node.outputs) == 1:
             outputs = fx_node
         else:

@@ -1,21 +1,40 @@
-"""Compare a converted model with onnxruntime: generated inputs, per-output errors, a report as data.
+"""Compare a converted model with onnxruntime: generated inputs, per-output errors, and the first diverging node.
 
 onnxruntime is an optional dependency (the ``test`` extra); it is imported only when a comparison runs.
+
+The bisect runs both sides once with every intermediate value kept: onnxruntime on a copy of the model that lists
+each value computed by a node of the main graph as a graph output, the converted module node by node through
+``torch.fx.Interpreter``. ``node.meta["onnx_values"]`` names the ONNX values of each fx node's arguments and outputs.
+Values computed inside If/Loop/Scan bodies cannot be exposed: such a node is compared as a whole. A node folded at
+conversion has no fx node; its value is compared where the module reads it as a constant.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
-from collections.abc import Mapping
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
+from torch import fx
 
-from .loading import ModelSource
+from .loading import ModelSource, subgraphs
+from .registry import normalize_domain
+from .tensors import is_external
 
 DEFAULT_DIM = 3  # size given to a symbolic dimension that the caller did not set
+DEFAULT_INT_RANGE = (0, 4)  # integer inputs whose use does not tell a safe range
+
+# Ops that pass integer values through unchanged (only their layout changes): an index stays an index.
+_PASS_THROUGH = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand"})
+_RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 
 
 def _as_proto(model: ModelSource) -> onnx.ModelProto:
@@ -32,21 +51,87 @@ def runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in initializers]
 
 
+# ----------------------------------------------------------------------------------------------- inputs
+
+def _shapes(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, list[int | None]]:
+    """Static shapes of the main graph's values (symbolic dims resolved through ``dims``), where known."""
+    def shape(type_proto: onnx.TypeProto) -> list[int | None]:
+        return [d.dim_value if d.HasField("dim_value") else dims.get(d.dim_param, DEFAULT_DIM if d.dim_param else None)
+                for d in type_proto.tensor_type.shape.dim]
+
+    infos = [*model.graph.input, *model.graph.value_info, *model.graph.output]
+    result = {i.name: shape(i.type) for i in infos if i.type.tensor_type.HasField("shape")}
+    result.update({t.name: list(t.dims) for t in model.graph.initializer})
+    return result
+
+
+def index_ranges(model: ModelSource, dims: Mapping[str, int] | None = None) -> dict[str, tuple[int, int]]:
+    """Safe ``[low, high)`` ranges for integer inputs whose use tells one: indices of a Gather (GatherElements)
+    into a value of known size get ``[0, size)``; the sequence_lens of an LSTM/GRU/RNN get ``[1, T]``.
+
+    Indices are followed through ops that only change layout or type (Cast, Reshape, Unsqueeze, ...).
+    """
+    proto = _as_proto(model)
+    dims = dict(dims or {})
+    readers = defaultdict(list)
+    for node in proto.graph.node:
+        for position, name in enumerate(node.input):
+            readers[name].append((node, position))
+    shapes: dict[str, list[int | None]] | None = None
+    ranges = {}
+    for info in runtime_inputs(proto):
+        highs, pending, seen = [], [info.name], set()
+        while pending:
+            name = pending.pop()
+            seen.add(name)
+            for node, position in readers[name]:
+                attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+                if node.op_type in _PASS_THROUGH and position == 0:
+                    pending += [o for o in node.output[:1] if o and o not in seen]
+                    continue
+                if node.op_type in ("Gather", "GatherElements") and position == 1:
+                    axis, data, offset = attributes.get("axis", 0), node.input[0], 0
+                elif node.op_type in _RECURRENT and position == 4:
+                    axis, data, offset = attributes.get("layout", 0), node.input[0], 1  # time axis of X; lens <= T
+                else:
+                    continue
+                shapes = _shapes(_inferred(proto), dims) if shapes is None else shapes
+                shape = shapes.get(data)
+                if shape and -len(shape) <= axis < len(shape) and shape[axis]:
+                    highs.append((shape[axis] + offset, offset))
+        if highs:
+            high, low = min(highs)
+            ranges[info.name] = (low, max(high, low + 1))
+    return ranges
+
+
+def _inferred(proto: onnx.ModelProto) -> onnx.ModelProto:
+    from .loading import _skeleton  # no weights serialized for inference
+
+    with contextlib.suppress(Exception):
+        return onnx.shape_inference.infer_shapes(_skeleton(proto), check_type=False, strict_mode=False)
+    return proto
+
+
 def random_inputs(
     model: ModelSource,
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     int_ranges: Mapping[str, tuple[int, int]] | None = None,
-    default_int_range: tuple[int, int] = (0, 4),
+    default_int_range: tuple[int, int] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Random feeds: floats standard normal, integers uniform in [low, high), bools fair coins.
+    """Random feeds: floats standard normal, integers uniform in ``[low, high)``, bools fair coins.
 
-    Symbolic dimensions take their size from ``dims`` (default ``DEFAULT_DIM``); ``int_ranges`` gives per-input
-    integer ranges.
+    Symbolic dimensions take their size from ``dims`` (default ``DEFAULT_DIM``). An integer input takes its range
+    from ``int_ranges``, else from its use (``index_ranges``), else ``default_int_range`` (default
+    ``DEFAULT_INT_RANGE``); a ``default_int_range`` given explicitly applies to every input not in ``int_ranges``.
     """
+    proto = _as_proto(model)
     rng = np.random.default_rng(seed)
+    ranges = {} if default_int_range is not None else index_ranges(proto, dims)
+    ranges.update(int_ranges or {})
     feeds = {}
-    for info in runtime_inputs(_as_proto(model)):
+    for info in runtime_inputs(proto):
         tensor_type = info.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, DEFAULT_DIM)
                  for d in tensor_type.shape.dim]
@@ -56,33 +141,70 @@ def random_inputs(
         elif dtype == np.bool_:
             feeds[info.name] = rng.random(shape) > 0.5
         else:
-            low, high = (int_ranges or {}).get(info.name, default_int_range)
+            low, high = ranges.get(info.name, default_int_range or DEFAULT_INT_RANGE)
             feeds[info.name] = rng.integers(low, high, shape).astype(dtype)
     return feeds
 
 
-def run_onnxruntime(model: ModelSource, feeds: Mapping[str, np.ndarray], threads: int = 1) -> list[np.ndarray]:
-    """onnxruntime's outputs with graph optimisations off (the plain kernels are the reference)."""
+# ----------------------------------------------------------------------------------------------- running
+
+@contextlib.contextmanager
+def _model_path(model: ModelSource, proto: onnx.ModelProto | None) -> Iterator[str | bytes]:
+    """What onnxruntime should open: ``proto`` (a modified copy of ``model``) or ``model`` itself.
+
+    A copy of a model with external data is written next to the model for the session's lifetime, so that the
+    data's relative paths still resolve; otherwise it is passed as bytes.
+    """
+    if proto is None:
+        yield os.fspath(model) if isinstance(model, os.PathLike) else (
+            model.SerializeToString() if isinstance(model, onnx.ModelProto) else model)
+        return
+    external = any(is_external(t) for g in subgraphs(proto.graph) for t in g.initializer)
+    if not external:
+        yield proto.SerializeToString()
+        return
+    if not isinstance(model, str | os.PathLike):
+        raise ValueError("a model with external data must be given as a path to be bisected")
+    handle, path = tempfile.mkstemp(suffix=".onnx", dir=Path(model).resolve().parent)
+    os.close(handle)
+    try:
+        onnx.save(proto, path)
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def _session(source: str | bytes, threads: int):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = threads
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    if isinstance(source, os.PathLike):
-        source = os.fspath(source)
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    return session.run(None, dict(feeds))
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def run_onnxruntime(model: ModelSource, feeds: Mapping[str, np.ndarray], threads: int = 1) -> list[np.ndarray]:
+    """onnxruntime's outputs with graph optimisations off (the plain kernels are the reference)."""
+    with _model_path(model, None) as source:
+        return _session(source, threads).run(None, dict(feeds))
+
+
+def _torch_args(model: ModelSource, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
+    return [torch.from_numpy(np.array(feeds[i.name])) for i in runtime_inputs(_as_proto(model))]
+
+
+def _numpy(value: torch.Tensor) -> np.ndarray:
+    return (value.float() if value.dtype == torch.bfloat16 else value).detach().cpu().numpy()
 
 
 def run_torch(module: torch.nn.Module, model: ModelSource, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """The converted module's outputs, fed the graph inputs positionally in ONNX order."""
-    args = [torch.from_numpy(np.array(feeds[i.name])) for i in runtime_inputs(_as_proto(model))]
     with torch.no_grad():
-        result = module(*args)
-    results = list(result) if isinstance(result, tuple | list) else [result]
-    return [(r.float() if r.dtype == torch.bfloat16 else r).detach().numpy() for r in results]
+        result = module(*_torch_args(model, feeds))
+    return [_numpy(r) for r in (result if isinstance(result, tuple | list) else [result])]
 
+
+# ----------------------------------------------------------------------------------------------- the report
 
 @dataclass
 class OutputComparison:
@@ -96,10 +218,52 @@ class OutputComparison:
 
 
 @dataclass
+class ValueSummary:
+    """An input of the diverging node: shape and dtype (as onnxruntime saw it), and whether both sides agreed."""
+
+    name: str
+    shape: tuple[int, ...] | None
+    dtype: str
+    matches: bool | None  # None: not compared (e.g. a constant folded into a module)
+
+
+@dataclass
+class Divergence:
+    """The first ONNX node (in graph order) whose output differs from onnxruntime's beyond tolerance."""
+
+    node: str  # the node's name, or OpType_index when it has none
+    op_type: str
+    domain: str
+    index: int  # position in the main graph's node list
+    attributes: dict[str, str]  # printable values
+    inputs: list[ValueSummary]
+    outputs: list[OutputComparison]  # the compared outputs of the node (at least one fails)
+    folded: bool  # evaluated at conversion: the module reads its value as a constant
+
+    def __str__(self) -> str:
+        op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
+        lines = [f"first divergence: {op} node {self.node!r} (#{self.index} in graph order)"
+                 + (", folded to a constant at conversion" if self.folded else "")]
+        lines.append("  attributes: " + (", ".join(f"{k}={v}" for k, v in self.attributes.items()) or "none"))
+        for value in self.inputs:
+            state = {True: "matches", False: "DIFFERS", None: "not compared"}[value.matches]
+            shape = "?" if value.shape is None else list(value.shape)
+            lines.append(f"  input  {value.name}: {value.dtype} {shape} ({state})")
+        for out in self.outputs:
+            status = "ok" if out.ok else (out.problem or "DIFFERS")
+            lines.append(f"  output {out.name}: {out.dtype} {list(out.shape)}, max abs error {out.max_abs_error:.3g},"
+                         f" max rel error {out.max_rel_error:.3g} ({status})")
+        return "\n".join(lines)
+
+
+@dataclass
 class Report:
     outputs: list[OutputComparison] = field(default_factory=list)
     rtol: float = 1e-4
     atol: float = 1e-5
+    bisected: bool = False  # whether intermediate values were compared
+    compared_nodes: int = 0  # nodes with at least one output compared by the bisect
+    divergence: Divergence | None = None  # set by the bisect when some node differs
 
     @property
     def ok(self) -> bool:
@@ -118,11 +282,13 @@ def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, rtol: fl
         return OutputComparison(name, actual.shape, str(actual.dtype), 0.0, 0.0, not problem, problem)
     a, e = actual.astype(np.float64), expected.astype(np.float64)
     same = (a == e) | (np.isnan(a) & np.isnan(e))  # equal infinities and NaNs count as no error
-    abs_error = np.where(same, 0.0, np.abs(a - e))
-    rel_error = np.where(same, 0.0, abs_error / np.maximum(np.abs(e), np.finfo(np.float64).tiny))
-    ok = bool(np.all(abs_error <= atol + rtol * np.abs(e)))
-    return OutputComparison(name, actual.shape, str(actual.dtype), float(np.nanmax(abs_error)),
-                            float(np.nanmax(rel_error)), ok)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        abs_error = np.where(same, 0.0, np.abs(a - e))
+        rel_error = np.where(same, 0.0, abs_error / np.maximum(np.abs(e), np.finfo(np.float64).tiny))
+        close = np.isfinite(e) & (abs_error <= atol + rtol * np.abs(e))  # a NaN or infinity must be matched exactly
+    ok = bool(np.all(same | close))
+    return OutputComparison(name, actual.shape, str(actual.dtype), float(abs_error.max()),
+                            float(rel_error.max()), ok)
 
 
 def compare(
@@ -133,13 +299,19 @@ def compare(
     atol: float = 1e-5,
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
+    int_ranges: Mapping[str, tuple[int, int]] | None = None,
     module: torch.nn.Module | None = None,
+    bisect: bool | None = None,
 ) -> Report:
-    """Convert ``model`` (unless ``module`` is given), run it and onnxruntime on ``inputs`` (random when None)
-    and compare every output."""
+    """Convert ``model`` (unless ``module`` is given), run it and onnxruntime on ``inputs`` (random when None,
+    see ``random_inputs``) and compare every output.
+
+    ``bisect`` (default: only when an output differs) also compares every intermediate value and sets
+    ``report.divergence`` to the first node whose output differs beyond tolerance.
+    """
     from . import convert
 
-    feeds = random_inputs(model, seed, dims) if inputs is None else dict(inputs)
+    feeds = random_inputs(model, seed, dims, int_ranges) if inputs is None else dict(inputs)
     module = convert(model) if module is None else module
     expected = run_onnxruntime(model, feeds)
     actual = run_torch(module, model, feeds)
@@ -147,4 +319,102 @@ def compare(
     report = Report(rtol=rtol, atol=atol)
     for name, got, want in zip(names, actual, expected, strict=True):
         report.outputs.append(compare_arrays(name, got, want, rtol, atol))
+    if bisect or (bisect is None and not report.ok):
+        report.bisected = True
+        report.compared_nodes, report.divergence = _bisect(model, module, feeds, rtol, atol)
     return report
+
+
+# ----------------------------------------------------------------------------------------------- the bisect
+
+def _onnxruntime_values(model: ModelSource, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every value of the main graph as onnxruntime computes it: the inputs, and each node's outputs."""
+    proto = _as_proto(model)
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(proto)
+    listed = {o.name for o in proto.graph.output}
+    for node in proto.graph.node:
+        for name in node.output:
+            if name and name not in listed:
+                exposed.graph.output.append(onnx.ValueInfoProto(name=name))  # onnxruntime infers the type
+                listed.add(name)
+    with _model_path(model, exposed) as source:
+        session = _session(source, threads=1)
+        # onnxruntime's Python API cannot return bfloat16 arrays: such values are not compared
+        names = [o.name for o in session.get_outputs() if o.type != "tensor(bfloat16)"]
+        values = dict(zip(names, session.run(names, dict(feeds)), strict=True))
+    values.update(feeds)
+    return {k: v for k, v in values.items() if isinstance(v, np.ndarray)}  # sequences and maps are not compared
+
+
+def _torch_values(module: fx.GraphModule, model: ModelSource, feeds: Mapping[str, np.ndarray]):
+    """(value name -> tensor, names of values the module reads as constants) from one node-by-node run."""
+    interpreter = fx.Interpreter(module, garbage_collect_values=False)
+    with torch.no_grad():
+        interpreter.run(*_torch_args(model, feeds))
+    values, constants = {}, set()
+    for node in module.graph.nodes:
+        names = node.meta.get("onnx_values")
+        if names is None:
+            continue
+        result = interpreter.env[node]
+        outputs = names["outputs"]
+        pairs = [(outputs[0], result)] if len(outputs) == 1 else zip(outputs, result, strict=False)
+        values.update((name, value) for name, value in pairs if name is not None)
+        for name, arg in zip(names["inputs"], node.args, strict=True):
+            if name is not None and isinstance(arg, fx.Node) and arg.op == "get_attr":
+                values[name] = interpreter.env[arg]
+                constants.add(name)
+    return {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}, constants
+
+
+def _bisect(model: ModelSource, module: torch.nn.Module, feeds: Mapping[str, np.ndarray], rtol: float,
+            atol: float) -> tuple[int, Divergence | None]:
+    if not isinstance(module, fx.GraphModule):
+        raise TypeError("the bisect needs the torch.fx.GraphModule that convert() returns")
+    proto = _as_proto(model)
+    expected = _onnxruntime_values(model, feeds)
+    actual, constants = _torch_values(module, model, feeds)
+    initializers = {t.name: t for t in proto.graph.initializer}
+    verdicts: dict[str, bool] = {}
+    compared = 0
+    for index, node in enumerate(proto.graph.node):
+        outputs = [compare_arrays(name, _numpy(actual[name]), expected[name], rtol, atol)
+                   for name in node.output if name in actual and name in expected]
+        verdicts.update((o.name, o.ok) for o in outputs)
+        compared += bool(outputs)
+        if all(o.ok for o in outputs):
+            continue
+        inputs = []
+        for name in filter(None, node.input):
+            if name in expected:
+                shape, dtype = expected[name].shape, str(expected[name].dtype)
+            elif name in initializers:
+                tensor = initializers[name]
+                shape = tuple(tensor.dims)
+                dtype = str(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+            else:
+                shape, dtype = None, "?"
+            inputs.append(ValueSummary(name, shape, dtype, verdicts.get(name)))
+        folded = all(o.name in constants for o in outputs)
+        divergence = Divergence(node.name or f"{node.op_type}_{index}", node.op_type, normalize_domain(node.domain),
+                                index, {a.name: _show_attribute(a) for a in node.attribute}, inputs, outputs, folded)
+        return compared, divergence
+    return compared, None
+
+
+def _show_attribute(attribute: onnx.AttributeProto) -> str:
+    value = onnx.helper.get_attribute_value(attribute)
+    if isinstance(value, onnx.GraphProto):
+        return f"<graph {value.name!r}: {len(value.node)} nodes>"
+    if isinstance(value, onnx.TensorProto):
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.data_type)
+        return f"<tensor {dtype} {list(value.dims)}>"
+    if isinstance(value, bytes):
+        return repr(value.decode())
+    if isinstance(value, Sequence) and value and isinstance(value[0], bytes):
+        return repr([v.decode() for v in value])
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:g}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,15 +1,20 @@
-"""The ``onnx2torch-rnn`` command line: ``ops`` (what a model needs) and ``check`` (convert and compare)."""
+"""The ``onnx2torch-rnn`` command line: ``ops`` (what a model needs), ``check`` (convert and compare with
+onnxruntime, with a per-node bisect) and ``convert`` (standalone PyTorch code)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import onnx
 
-from .checking import random_inputs
 from .errors import Onnx2TorchError
 from .registry import normalize_domain, resolve
 
@@ -44,34 +49,189 @@ def ops(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
-def check(args: argparse.Namespace) -> int:
-    """Convert, run torch and onnxruntime on the same inputs, print per-output errors. Exit 0 ok, 1 mismatch,
-    2 when the model cannot be converted."""
-    from . import convert
-    from .checking import compare
+# ----------------------------------------------------------------------------------------------- progress and logs
 
+class ProgressBar:
+    """A one-line bar on ``stream`` for conversions that take a while; nothing when ``stream`` is not a terminal.
+
+    It appears once ``delay`` seconds have passed (small models never show one) and redraws at most every 0.1 s.
+    """
+
+    def __init__(self, stream=None, label: str = "converting", delay: float = 0.5, width: int = 30):
+        self.stream = sys.stderr if stream is None else stream
+        self.label, self.delay, self.width = label, delay, width
+        self.enabled = self.stream.isatty()
+        self.start = time.monotonic()
+        self.drawn_at: float | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.start < self.delay:
+            return
+        if self.drawn_at is not None and now - self.drawn_at < 0.1 and done < total:
+            return
+        filled = self.width * done // max(total, 1)
+        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} nodes, "
+                          f"{now - self.start:.1f} s")
+        self.stream.flush()
+        self.drawn_at = now
+        if done == total:
+            self.clear()
+
+    def clear(self) -> None:
+        """Erase the bar (before a log line, and when the conversion is done)."""
+        if self.drawn_at is not None:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.drawn_at = None
+
+
+class _LogHandler(logging.StreamHandler):
+    """--verbose: the builder's per-node lines on stderr, erasing the progress bar first."""
+
+    def __init__(self, bar: ProgressBar):
+        super().__init__(sys.stderr)
+        self.bar = bar
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.bar.clear()
+        super().emit(record)
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace) -> Iterator[ProgressBar]:
+    """A progress bar for a conversion, and the builder's per-node log lines on stderr with --verbose."""
+    bar = ProgressBar()
+    logger = logging.getLogger("onnx2torch_rnn")
+    handler = _LogHandler(bar) if args.verbose else None
+    if handler is not None:
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
     try:
-        module = convert(args.model)
-    except Onnx2TorchError as error:
-        print(f"cannot convert {args.model}: {error}", file=sys.stderr)
-        return 2
-    dims = dict(_pair(text, int) for text in args.dim)
+        yield bar
+    finally:
+        bar.clear()
+        if handler is not None:
+            logger.removeHandler(handler)
+            logger.setLevel(logging.NOTSET)
+
+
+# ----------------------------------------------------------------------------------------------- check
+
+def _int_range(text: str) -> tuple[str, tuple[int, int]]:
+    name, (low, sep, high) = _pair(text, lambda value: value.partition(":"))
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected NAME=LOW:HIGH, got {text!r}")
+    return name, (int(low), int(high))
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, np.ndarray]:
+    from .checking import random_inputs
+
     if args.inputs:
         with np.load(args.inputs) as data:
-            inputs = {name: data[name] for name in data.files}
-    else:
-        inputs = random_inputs(args.model, args.seed, dims)
+            return {name: data[name] for name in data.files}
+    return random_inputs(args.model, args.seed, dict(args.dim), dict(args.int_range))
+
+
+def check(args: argparse.Namespace) -> int:
+    """Convert, run torch and onnxruntime on the same inputs, print per-output errors (and the first diverging
+    node on a mismatch or with --bisect). Exit 0 ok, 1 mismatch (or the converted module fails), 2 when the model
+    cannot be converted (or onnxruntime cannot run it)."""
+    from .builder import build
+    from .checking import compare, runtime_inputs
+    from .loading import load_model
+
+    try:
+        with _progress(args) as bar:
+            module = build(load_model(args.model), bar)
+    except (Onnx2TorchError, FileNotFoundError) as error:
+        print(f"cannot convert {args.model}: {error}", file=sys.stderr)
+        return 2
+    inputs = _inputs(args)
+    missing = [i.name for i in runtime_inputs(_load(args.model)) if i.name not in inputs]
+    if missing:
+        print(f"no value for input(s) {', '.join(missing)} in {args.inputs}", file=sys.stderr)
+        return 2
     for name, value in inputs.items():
-        print(f"input {name}: {value.dtype} {list(value.shape)}")
-    report = compare(args.model, inputs, rtol=args.rtol, atol=args.atol, module=module)
+        span = f" in [{value.min()}, {value.max()}]" if value.size and np.issubdtype(value.dtype, np.integer) else ""
+        print(f"input {name}: {value.dtype} {list(value.shape)}{span}")
+    try:
+        report = compare(args.model, inputs, rtol=args.rtol, atol=args.atol, module=module,
+                         bisect=True if args.bisect else None)
+    except Exception as error:
+        if type(error).__module__.startswith("onnxruntime"):
+            print(f"onnxruntime cannot run {args.model}: {error}", file=sys.stderr)
+            return 2
+        print(f"the converted module fails where onnxruntime runs: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
     rows = [(o.name, str(list(o.shape)), o.dtype, f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
              "ok" if o.ok else f"MISMATCH {o.problem}".strip()) for o in report.outputs]
     _print_table(("output", "shape", "dtype", "max abs err", "max rel err", "status"), rows)
     worst = max((o.max_abs_error for o in report.outputs), default=0.0)
     verdict = "all outputs match" if report.ok else "MISMATCH"
     print(f"{verdict} onnxruntime (rtol {args.rtol:g}, atol {args.atol:g}); max abs difference {worst:.3g}")
+    if report.bisected and report.divergence is not None:
+        print(f"bisect: the outputs of {report.compared_nodes - 1} nodes match onnxruntime, then")
+        print(report.divergence)
+    elif report.bisected:
+        print(f"bisect: the outputs of all {report.compared_nodes} compared nodes match onnxruntime (values inside "
+              "If/Loop/Scan bodies and constants folded into modules are not compared)")
     return 0 if report.ok else 1
 
+
+# ----------------------------------------------------------------------------------------------- convert
+
+def convert(args: argparse.Namespace) -> int:
+    """Write OUTDIR/model.py and OUTDIR/weights.pt (and OUTDIR/model.pt2 with --pt2). Exit 0 ok, 1 when --pt2 was
+    asked for and torch.export failed (the code is written), 2 when nothing could be written."""
+    from . import codegen
+    from .checking import _as_proto, runtime_inputs
+
+    outdir = Path(args.output)
+    try:
+        with _progress(args) as bar:
+            module = codegen.write(args.model, outdir, force=args.force, progress=bar)
+    except FileExistsError as error:
+        print(f"{error.args[0].replace('force=True (--force)', '--force')}", file=sys.stderr)
+        return 2
+    except (Onnx2TorchError, FileNotFoundError) as error:
+        print(f"cannot convert {args.model}: {error}", file=sys.stderr)
+        return 2
+    lines = len((outdir / codegen.CODE_FILE).read_text().splitlines())
+    size = (outdir / codegen.WEIGHTS_FILE).stat().st_size
+    print(f"wrote {outdir / codegen.CODE_FILE} ({lines} lines: class Model, def load) and "
+          f"{outdir / codegen.WEIGHTS_FILE} ({_bytes(size)}); checked: load() rebuilds the converted module")
+    if not args.pt2:
+        return 0
+    import torch
+
+    inputs = _inputs(args)
+    proto_inputs = runtime_inputs(_as_proto(args.model))
+    example = tuple(torch.from_numpy(np.array(inputs[i.name])) for i in proto_inputs)
+    dynamic = {position: {axis: d.dim_param for axis, d in enumerate(i.type.tensor_type.shape.dim)
+                          if not d.HasField("dim_value")}
+               for position, i in enumerate(proto_inputs)}
+    try:
+        note, custom_ops = codegen.export_program(module, example, dynamic, outdir / codegen.PROGRAM_FILE)
+    except RuntimeError as error:
+        print(f"--pt2: no program saved: {error}", file=sys.stderr)
+        return 1
+    after = " after `import onnx2torch_rnn` (it calls the library's recurrent op)" if custom_ops else ""
+    print(f"wrote {outdir / codegen.PROGRAM_FILE} (torch.export, {note}); load it with torch.export.load{after}")
+    return 0
+
+
+def _bytes(size: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------- plumbing
 
 def _pair(text: str, convert_value):
     name, sep, value = text.partition("=")
@@ -86,6 +246,17 @@ def _print_table(header, rows) -> None:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
+def _input_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", type=lambda t: _pair(t, int),
+                   help="size of a symbolic dimension (default 3)")
+    p.add_argument("--int-range", action="append", default=[], metavar="NAME=LOW:HIGH", type=_int_range,
+                   help="integer input NAME drawn from [LOW, HIGH) (default: from its use, e.g. Gather indices "
+                        "below the table size, else [0, 4))")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="log each node: converter, module, fast/exact path of recurrent nodes")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="onnx2torch-rnn", description="Import ONNX models into PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -97,11 +268,22 @@ def main(argv: list[str] | None = None) -> int:
     p = commands.add_parser("check", help="convert and compare every output with onnxruntime")
     p.add_argument("model")
     p.add_argument("--inputs", help=".npz file with one array per graph input (default: random)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dimension")
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--atol", type=float, default=1e-5)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bisect", action="store_true",
+                   help="compare every intermediate value and name the first diverging node (automatic on mismatch)")
+    _input_options(p)
     p.set_defaults(run=check)
+
+    p = commands.add_parser("convert", help="write standalone PyTorch code: OUTDIR/model.py and OUTDIR/weights.pt")
+    p.add_argument("model")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR")
+    p.add_argument("--force", action="store_true", help="overwrite the files of an existing OUTDIR")
+    p.add_argument("--pt2", action="store_true",
+                   help="also save a torch.export program (OUTDIR/model.pt2), traced on random inputs "
+                        "(--dim, --int-range, --seed); symbolic dims are exported as dynamic where torch allows")
+    _input_options(p)
+    p.set_defaults(run=convert, inputs=None)
 
     args = parser.parse_args(argv)
     return args.run(args)

@@ -114,3 +114,12 @@ def test_model_accepts_path_bytes_and_proto(tmp_path):
     outputs = [onnx2torch_rnn.convert(src)(x) for src in (model, model.SerializeToString(), path, str(path))]
     for out in outputs[1:]:
         torch.testing.assert_close(out, outputs[0])
+
+
+def test_float_scalars_are_constants_not_weights():
+    # 1 - x: fine-tuning must not move the 1; a weight tensor next to it trains.
+    nodes = [helper.make_node("Sub", ["one", "x"], ["a"]), helper.make_node("Mul", ["a", "w"], ["y"])]
+    gm = check(make_model(nodes, [("x", np.float32, [2])], ["y"],
+                          {"one": np.float32(1.0), "w": np.float32([2.0, 3.0])}))
+    assert [name for name, _ in gm.named_parameters()] == ["w"]
+    assert [name for name, _ in gm.named_buffers()] == ["one"]

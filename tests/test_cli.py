@@ -1,16 +1,22 @@
-"""The command line: ops and check, with their exit codes."""
+"""The command line: ops, check (with the bisect, progress and --verbose) and convert, with their exit codes."""
 
+import io
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 import torch
-from onnx import helper
+from onnx import TensorProto, helper
 
-from onnx2torch_rnn.cli import main
+import onnx2torch_rnn
+from onnx2torch_rnn import codegen
+from onnx2torch_rnn.cli import ProgressBar, main
 from tests.helpers import make_model
+from tests.test_checking import perturbed
+from tests.test_codegen import cnn
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx"
 
@@ -63,3 +69,153 @@ def test_console_script_is_installed():
     result = subprocess.run([str(script), "ops", str(EXAMPLE)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "LSTM" in result.stdout
+
+
+# ----------------------------------------------------------------------------------------------- check: more
+
+def test_check_bisect_on_request(capsys):
+    assert main(["check", str(EXAMPLE), "--bisect", "--dim", "time=4"]) == 0
+    out = capsys.readouterr().out
+    assert "all outputs match" in out and "bisect: the outputs of all 16 compared nodes match onnxruntime" in out
+
+
+def test_check_mismatch_names_the_diverging_node(capsys):
+    with perturbed("Transpose", "/lstm/Transpose_1"):
+        assert main(["check", str(EXAMPLE), "--dim", "batch=2", "--dim", "time=5"]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "bisect: the outputs of 6 nodes match onnxruntime, then\n" in out
+    assert "first divergence: Transpose node '/lstm/Transpose_1'" in out
+    assert "attributes: perm=[0, 2, 1, 3]" in out
+    assert "input  /lstm/LSTM_output_0: float32 [5, 2, 2, 32] (matches)" in out
+
+
+def test_exit_2_names_every_unsupported_op_and_its_nodes(tmp_path, capsys):
+    nodes = [helper.make_node("Mystery", ["x"], ["a"], domain="test.custom", name="first_odd"),
+             helper.make_node("Mystery", ["a"], ["b"], domain="test.custom", name="second_odd"),
+             helper.make_node("Enigma", ["b"], ["y"], domain="test.custom", name="third_odd")]
+    model = make_model(nodes, [("x", np.float32, [2])], [("y", np.float32, [2])], extra_opsets={"test.custom": 1})
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["check", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "2 unsupported operator(s)" in err
+    assert "test.custom::Mystery (opset 1): nodes 'first_odd', 'second_odd'" in err
+    assert "test.custom::Enigma (opset 1): nodes 'third_odd'" in err
+
+
+def test_exit_2_names_the_node_with_an_unsupported_attribute(tmp_path, capsys):
+    node = helper.make_node("LSTM", ["X", "W", "R"], ["Y"], hidden_size=2, activations=["Sigmoid", "Nope", "Tanh"],
+                            name="odd_lstm")
+    init = {"W": np.zeros((1, 8, 3), np.float32), "R": np.zeros((1, 8, 2), np.float32)}
+    onnx.save(make_model([node], [("X", np.float32, [4, 1, 3])], ["Y"], init, opset=14), tmp_path / "m.onnx")
+    assert main(["check", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "LSTM node 'odd_lstm'" in err and "activations" in err
+
+
+def test_int_ranges_inputs_file_and_seed(tmp_path, capsys):
+    assert main(["check", str(EXAMPLE), "--int-range", "tokens=3:5", "--dim", "batch=4"]) == 0
+    assert "input tokens: int64 [4, 3] in [3, 4]" in capsys.readouterr().out
+    assert main(["check", str(EXAMPLE), "--dim", "batch=9", "--dim", "time=9"]) == 0
+    assert "input tokens: int64 [9, 9] in [0, 49]" in capsys.readouterr().out  # the embedding table has 50 rows
+    np.savez(tmp_path / "in.npz", tokens=np.array([[1, 2, 3]], np.int64))
+    assert main(["check", str(EXAMPLE), "--inputs", str(tmp_path / "in.npz")]) == 0
+    assert "input tokens: int64 [1, 3] in [1, 3]" in capsys.readouterr().out
+    np.savez(tmp_path / "wrong.npz", other=np.zeros(3))
+    assert main(["check", str(EXAMPLE), "--inputs", str(tmp_path / "wrong.npz")]) == 2
+    assert "no value for input(s) tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["check", str(EXAMPLE), "--int-range", "tokens=3"])
+
+
+def test_verbose_shows_converters_and_recurrent_paths_without_a_bar_off_a_terminal(capsys):
+    assert main(["check", str(EXAMPLE), "--verbose"]) == 0
+    err = capsys.readouterr().err
+    lstm_lines = [line for line in err.splitlines() if line.startswith("LSTM-14")]
+    assert len(lstm_lines) == 2 and all("-> converters.recurrent.lstm: OnnxLSTM(" in line for line in lstm_lines)
+    assert all("path=fast" in line for line in lstm_lines)
+    assert "Constant-13 node '/lstm/Constant' -> converters.elementwise.constant: folded" in err
+    assert "\r" not in err and "converting" not in err  # stderr is not a terminal here
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_only():
+    stream = FakeTerminal()
+    bar = ProgressBar(stream, delay=0.0)
+    bar(1, 4)
+    assert stream.getvalue().startswith("\rconverting [#######.......................] 1/4 nodes")
+    bar(2, 4)  # within 0.1 s of the last draw: skipped
+    assert stream.getvalue().count("\r") == 1
+    bar(4, 4)  # the last node is always drawn, then the line is erased
+    assert "4/4 nodes" in stream.getvalue() and stream.getvalue().endswith("\r\x1b[K")
+    quiet = io.StringIO()
+    ProgressBar(quiet, delay=0.0)(1, 1)
+    assert quiet.getvalue() == ""
+    slow = FakeTerminal()
+    ProgressBar(slow, delay=60.0)(1, 2)  # a short conversion never shows a bar
+    assert slow.getvalue() == ""
+
+
+# ----------------------------------------------------------------------------------------------- convert
+
+def test_convert_writes_code_that_reproduces_the_module(tmp_path, capsys):
+    out = tmp_path / "tagger"
+    assert main(["convert", str(EXAMPLE), "-o", str(out)]) == 0
+    assert "checked: load() rebuilds the converted module" in capsys.readouterr().out
+    model = codegen.load_generated(out).load()
+    tokens = torch.randint(0, 50, (2, 6))
+    torch.testing.assert_close(model(tokens), onnx2torch_rnn.convert(EXAMPLE)(tokens), rtol=0, atol=0)
+    assert main(["convert", str(EXAMPLE), "-o", str(out)]) == 2
+    assert "exists; pass --force to overwrite it" in capsys.readouterr().err
+    assert main(["convert", str(EXAMPLE), "-o", str(out), "--force"]) == 0
+
+
+def test_convert_pt2(tmp_path, capsys):
+    onnx.save(cnn(), tmp_path / "cnn.onnx")
+    assert main(["convert", str(tmp_path / "cnn.onnx"), "-o", str(tmp_path / "out"), "--pt2", "--dim", "batch=2"]) == 0
+    assert "model.pt2 (torch.export, dynamic dims: batch); load it with torch.export.load\n" in capsys.readouterr().out
+    program = torch.export.load(tmp_path / "out" / "model.pt2")
+    x = torch.randn(5, 3, 8, 8)
+    torch.testing.assert_close(program.module()(x), codegen.load_generated(tmp_path / "out").load()(x))
+
+
+def test_convert_pt2_failure_is_reported_and_exits_1(tmp_path, capsys):
+    def branch(op, name):
+        return helper.make_graph([helper.make_node(op, ["x"], [name])], name, [],
+                                 [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])])
+
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch("Neg", "n"), else_branch=branch("Abs", "a"))
+    onnx.save(make_model([node], [("c", np.bool_, []), ("x", np.float32, [2])], ["y"]), tmp_path / "if.onnx")
+    assert main(["convert", str(tmp_path / "if.onnx"), "-o", str(tmp_path / "out"), "--pt2"]) == 1
+    captured = capsys.readouterr()
+    assert "wrote" in captured.out and (tmp_path / "out" / "model.py").exists()
+    assert not (tmp_path / "out" / "model.pt2").exists()
+    assert captured.err.startswith("--pt2: no program saved: torch.export failed with static shapes: ")
+    assert len(captured.err.splitlines()) == 1
+
+
+def test_convert_exit_2_when_the_model_cannot_be_converted(tmp_path, capsys):
+    model = make_model([helper.make_node("Mystery", ["x"], ["y"], domain="test.custom", name="odd")],
+                       [("x", np.float32, [2])], [("y", np.float32, [2])], extra_opsets={"test.custom": 1})
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")]) == 2
+    assert "test.custom::Mystery (opset 1): nodes 'odd'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_run_time_failures(tmp_path, capsys):
+    onnx.save(make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", np.float32, [4])], ["y"]),
+              tmp_path / "m.onnx")
+    np.savez(tmp_path / "bad.npz", x=np.zeros(3, np.float32))  # a shape onnxruntime refuses
+    assert main(["check", str(tmp_path / "m.onnx"), "--inputs", str(tmp_path / "bad.npz")]) == 2
+    assert "onnxruntime cannot run" in capsys.readouterr().err
+
+    def broken(y):
+        raise RuntimeError("boom")
+
+    with perturbed("Relu", "r", fn=broken):
+        assert main(["check", str(tmp_path / "m.onnx")]) == 1
+    assert "the converted module fails where onnxruntime runs: RuntimeError: boom" in capsys.readouterr().err
