@@ -21,6 +21,7 @@ from .errors import (
     UnsupportedOperatorError,
 )
 from .loading import ModelSource, load_model
+from .modules.recurrent_op import onnx_translation_table
 from .node import Converted, OnnxNode
 from .registry import register_converter
 
@@ -35,6 +36,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "compare",
     "convert",
+    "onnx_translation_table",
     "register_converter",
 ]
 __version__ = "0.1.0"

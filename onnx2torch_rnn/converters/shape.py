@@ -7,10 +7,11 @@ module as Python ints when they are constants at conversion time; when an export
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 
 import torch
-from onnx import TensorProto
+from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from ..modules import shape as m
 from ..modules.common import Function
@@ -48,6 +49,183 @@ def converted(module, inputs: Sequence[str | None]) -> Converted:
     return Converted(module, inputs)
 
 
+# ---- shape arithmetic computed at run time ------------------------------------------------------------------------
+# Exporters compute sizes at run time (Shape -> Gather -> Unsqueeze -> Concat -> Reshape/Expand/ConstantOfShape, with
+# Slice, Mul, Div, ReduceProd, Equal/Where in between). Read as int64 tensors, those sizes become unbacked symbols under
+# torch.compile / torch.export and the first size check fails; traced back through the ONNX graph to the source
+# tensors' shapes (modules.shape.ShapeExpr) they stay symbolic sizes tied to the inputs, and eager mode skips the
+# tensor round trip. Anything outside this small integer language keeps the tensor path.
+
+
+class _NotShape(Exception):
+    """The value is not (only) integer arithmetic on tensor shapes and constants."""
+
+
+_INTEGER_TYPES = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
+                  TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
+# id(LoadedModel) -> (producer of each value, memo of shape_expression); dropped with the LoadedModel
+_GRAPHS: dict[int, tuple[dict[str, NodeProto], dict]] = {}
+
+
+def _attributes(node: NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _static_list(ctx, node: NodeProto, attribute: str, index: int) -> list[int] | None:
+    """A list that moved from an attribute to an input over the versions; None when absent; raises if run-time."""
+    attributes = _attributes(node)
+    if attribute in attributes:
+        return list(attributes[attribute])
+    name = node.input[index] if len(node.input) > index and node.input[index] else None
+    if name is None:
+        return None
+    values = constant_ints(ctx, name)
+    if values is None:
+        raise _NotShape
+    return values
+
+
+def _axis_zero(axes: list[int] | None) -> bool:
+    return axes is None or axes in ([0], [-1])
+
+
+def _rank(ctx, name: str, rank: int) -> None:
+    shape = ctx.shape(name)
+    if shape is None or len(shape) != rank:
+        raise _NotShape
+
+
+def _gather_expr(ctx, node, sub):
+    indices = ctx.constant(node.input[1])
+    if _attributes(node).get("axis", 0) not in (0, -1) or indices is None or indices.dim() > 1:
+        raise _NotShape
+    return m.ShapeExpr("gather", [sub(0)], [indices.tolist()])
+
+
+def _unsqueeze_expr(ctx, node, sub):
+    _rank(ctx, node.input[0], 0)
+    if _static_list(ctx, node, "axes", 1) not in ([0], [-1]):
+        raise _NotShape
+    return m.ShapeExpr("unsqueeze", [sub(0)])
+
+
+def _squeeze_expr(ctx, node, sub):
+    _rank(ctx, node.input[0], 1)
+    if not _axis_zero(_static_list(ctx, node, "axes", 1)):
+        raise _NotShape
+    return m.ShapeExpr("item", [sub(0)])
+
+
+def _slice_expr(ctx, node, sub):
+    starts, ends = (_static_list(ctx, node, name, i) for i, name in ((1, "starts"), (2, "ends")))
+    axes, steps = _static_list(ctx, node, "axes", 3), _static_list(ctx, node, "steps", 4)
+    if starts is None or len(starts) != 1 or not _axis_zero(axes) or steps not in (None, [1]):
+        raise _NotShape
+    return m.ShapeExpr("slice", [sub(0)], [starts[0], ends[0]])
+
+
+def _reshape_expr(ctx, node, sub):
+    target = ctx.constant(node.input[1])
+    if target is None or target.numel() > 1:  # to 0-d or 1-d only
+        raise _NotShape
+    return m.ShapeExpr("flatten" if target.numel() else "item", [sub(0)])
+
+
+def _prod_expr(ctx, node, sub):
+    attributes = _attributes(node)
+    if not _axis_zero(_static_list(ctx, node, "axes", 1)) or attributes.get("noop_with_empty_axes", 0):
+        raise _NotShape
+    return m.ShapeExpr("prod", [sub(0)], [attributes.get("keepdims", 1)])
+
+
+def _fill_expr(ctx, node, sub):
+    value = _attributes(node).get("value")
+    if value is None or value.data_type not in _INTEGER_TYPES:
+        raise _NotShape
+    return m.ShapeExpr("fill", [sub(0)], [int(numpy_helper.to_array(value).reshape(-1)[0])])
+
+
+def _cast_expr(ctx, node, sub):
+    if _attributes(node)["to"] not in _INTEGER_TYPES:
+        raise _NotShape
+    return sub(0)
+
+
+def _elementwise_expr(ctx, node, sub):
+    if node.op_type == "Where":
+        return m.ShapeExpr("Where", [sub(0), sub(1), sub(2)])
+    expr = sub(0)
+    for i in range(1, len(node.input)):  # Max and Min are variadic
+        expr = m.ShapeExpr(node.op_type, [expr, sub(i)])
+    return expr
+
+
+_SHAPE_EXPRESSIONS: dict[str, Callable] = {
+    "Shape": lambda ctx, node, sub: m.ShapeExpr("shape", (), [node.input[0], _attributes(node).get("start", 0),
+                                                              _attributes(node).get("end")]),
+    "Size": lambda ctx, node, sub: m.ShapeExpr("size", (), [node.input[0]]),
+    "Identity": lambda ctx, node, sub: sub(0),
+    "Cast": _cast_expr,
+    "Gather": _gather_expr,
+    "Unsqueeze": _unsqueeze_expr,
+    "Squeeze": _squeeze_expr,
+    "Concat": lambda ctx, node, sub: m.ShapeExpr("concat", [sub(i) for i in range(len(node.input))]),
+    "Slice": _slice_expr,
+    "Reshape": _reshape_expr,
+    "ReduceProd": _prod_expr,
+    "ConstantOfShape": _fill_expr,
+    **{op: _elementwise_expr for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Where")},
+}
+
+
+def shape_expression(ctx, name: str) -> m.ShapeExpr | None:
+    """The run-time value ``name`` as integer arithmetic on tensor shapes and constants, or None."""
+    if ctx.parent is not None:  # control-flow bodies keep the tensor path
+        return None
+    key = id(ctx.loaded)
+    if key not in _GRAPHS:
+        graph = ctx.loaded.proto.graph
+        _GRAPHS[key] = ({o: node for node in graph.node for o in node.output if o}, {})
+        weakref.finalize(ctx.loaded, _GRAPHS.pop, key, None)
+    producers, memo = _GRAPHS[key]
+
+    def build(value: str) -> m.ShapeExpr:
+        if value not in memo:
+            memo[value] = None
+            constant = ctx.constant(value)
+            node = producers.get(value)
+            try:
+                if constant is not None:
+                    if constant.dim() > 1 or constant.is_floating_point() or constant.is_complex():
+                        raise _NotShape
+                    memo[value] = m.ShapeExpr("const", (), [constant.tolist()])
+                elif node is not None and node.domain in ("", "ai.onnx") and node.op_type in _SHAPE_EXPRESSIONS:
+                    memo[value] = _SHAPE_EXPRESSIONS[node.op_type](ctx, node, lambda i: build(node.input[i]))
+            except _NotShape:
+                pass
+        if memo[value] is None:
+            raise _NotShape
+        return memo[value]
+
+    try:
+        expr = build(name)
+    except _NotShape:
+        return None
+    return expr if expr.sources() else None
+
+
+def with_shape_inputs(ctx, module, inputs: Sequence[str | None], positions: Sequence[int] = (1,),
+                      device: bool = False) -> Converted:
+    """``converted(module, inputs)``, with each run-time input at ``positions`` that is shape arithmetic computed
+    from tensor shapes instead (``FromShapes``); ``device``: the module creates a tensor from the shape alone."""
+    exprs = {i: expr for i in positions if i < len(inputs) and inputs[i] is not None
+             and (expr := shape_expression(ctx, inputs[i])) is not None}
+    if not exprs:
+        return converted(module, inputs)
+    wrapper = m.FromShapes(module, exprs, len(inputs), device)
+    return Converted(wrapper, [None if i in exprs else name for i, name in enumerate(inputs)] + wrapper.sources)
+
+
 def _first(values: list[int] | None) -> int | None:
     return None if values is None else values[0]
 
@@ -81,7 +259,7 @@ def reshape(node: OnnxNode, ctx) -> Converted:
     """Full semantics: 0 copies the input dim (unless allowzero=1), -1 is inferred; shape constant or run-time."""
     shape = node.input(1)
     module = m.Reshape(constant_ints(ctx, shape), node.attr("allowzero", 0))
-    return converted(module, [node.input(0), run_time(ctx, shape)])
+    return with_shape_inputs(ctx, module, [node.input(0), run_time(ctx, shape)])
 
 
 @register_converter("Flatten", (1, 9, 11, 13, 21, 23, 24, 25))
@@ -94,14 +272,14 @@ def flatten(node: OnnxNode, ctx) -> Converted:
 def squeeze(node: OnnxNode, ctx) -> Converted:
     """Axes as attribute (before 13) or input (constant or run-time); no axes squeezes every size-1 dim."""
     axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=13)
-    return converted(m.Squeeze(axes), [node.input(0), axes_input])
+    return with_shape_inputs(ctx, m.Squeeze(axes), [node.input(0), axes_input])
 
 
 @register_converter("Unsqueeze", (1, 11, 13, 21, 23, 24, 25))
 def unsqueeze(node: OnnxNode, ctx) -> Converted:
     """Axes as attribute (before 13) or input (constant or run-time), negative axes count in the output rank."""
     axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=13)
-    return converted(m.Unsqueeze(axes), [node.input(0), axes_input])
+    return with_shape_inputs(ctx, m.Unsqueeze(axes), [node.input(0), axes_input])
 
 
 @register_converter("Transpose", (1, 13, 21, 23, 24, 25))
@@ -126,7 +304,7 @@ def split(node: OnnxNode, ctx) -> Converted:
     if num_outputs is not None and num_outputs != parts:
         raise node.unsupported("num_outputs", num_outputs, f"the node has {parts} outputs")
     module = m.Split(node.attr("axis"), sizes or None, parts)
-    return converted(module, [node.input(0), sizes_input])
+    return with_shape_inputs(ctx, module, [node.input(0), sizes_input])
 
 
 @register_converter("Slice", (1, 10, 11, 13))
@@ -138,21 +316,21 @@ def slice_(node: OnnxNode, ctx) -> Converted:
         return Converted(module, [node.input(0)])
     names = [node.input(i) for i in range(1, 5)]
     module = m.Slice(*(constant_ints(ctx, name) for name in names))
-    return converted(module, [node.input(0), *(run_time(ctx, name) for name in names)])
+    return with_shape_inputs(ctx, module, [node.input(0), *(run_time(ctx, name) for name in names)], (1, 2, 3, 4))
 
 
 @register_converter("Expand", (8, 13))
 def expand(node: OnnxNode, ctx) -> Converted:
     """Bidirectional broadcasting to `shape` (a 1 keeps the input's dim); shape constant or run-time."""
     shape = node.input(1)
-    return converted(m.Expand(constant_ints(ctx, shape)), [node.input(0), run_time(ctx, shape)])
+    return with_shape_inputs(ctx, m.Expand(constant_ints(ctx, shape)), [node.input(0), run_time(ctx, shape)])
 
 
 @register_converter("Tile", (6, 13))
 def tile(node: OnnxNode, ctx) -> Converted:
     """Tensor.repeat; repeats constant or run-time."""
     repeats = node.input(1)
-    return converted(m.Tile(constant_ints(ctx, repeats)), [node.input(0), run_time(ctx, repeats)])
+    return with_shape_inputs(ctx, m.Tile(constant_ints(ctx, repeats)), [node.input(0), run_time(ctx, repeats)])
 
 
 # ---- indexing -------------------------------------------------------------------------------------------------------
@@ -234,6 +412,13 @@ def range_(node: OnnxNode, ctx) -> Converted:
     if stash_type != 1 and ctx.dtype(node.input(0)) not in (torch.float32, torch.float64, torch.int16, torch.int32,
                                                             torch.int64):
         raise node.unsupported("stash_type", stash_type, "only 1 (compute float16/bfloat16 in float32) is supported")
+    dtype = ctx.dtype(node.input(0))
+    if dtype in (torch.int16, torch.int32, torch.int64):  # an integer range of a size computed at run time
+        exprs = dict(enumerate(shape_expression(ctx, name) if ctx.constant(name) is None else
+                               m.ShapeExpr("const", (), [int(ctx.constant(name))]) for name in node.inputs))
+        if all(exprs.values()) and any(expr.sources() for expr in exprs.values()):
+            wrapper = m.FromShapes(m.Range(stash_type, dtype), exprs, 3, device=True)
+            return Converted(wrapper, [None, None, None, *wrapper.sources])
     return Converted(m.Range(stash_type), node.inputs)
 
 
@@ -247,7 +432,7 @@ def constant_of_shape(node: OnnxNode, ctx) -> Converted:
     value = torch.zeros(1) if value is None else value
     shape = node.input(0)
     module = m.ConstantOfShape(value.reshape(-1)[0].item(), value.dtype, constant_ints(ctx, shape))
-    return converted(module, [run_time(ctx, shape)])
+    return with_shape_inputs(ctx, module, [run_time(ctx, shape)], (0,), device=True)
 
 
 @register_converter("EyeLike", (9, 22))
@@ -328,7 +513,7 @@ def top_k(node: OnnxNode, ctx) -> Converted:
     k, k_input = attribute_or_input(node, ctx, "k", 1, since=10)
     k = k if isinstance(k, int) or k is None else _first(k)
     module = m.TopK(node.attr("axis"), node.attr("largest", 1), node.attr("sorted", 1), k)
-    return converted(module, [node.input(0), k_input])
+    return with_shape_inputs(ctx, module, [node.input(0), k_input])
 
 
 def _arg_extreme(node: OnnxNode, ctx) -> Converted:

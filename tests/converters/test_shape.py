@@ -127,9 +127,12 @@ def test_reshape_shape_computed_at_run_time(opset):
         node("Reshape", ["x", "target"]),
     ]
     consts = {"zero": np.array(0, I64), "axes": np.array([0], I64), "tail": np.array([-1, 0], I64)}
-    model = make_model(nodes, [("x", F32, ["N", 3, 4, 5])], [("y", F32, ["N", "M", 4])], consts, opset=opset)
+    outputs = [("y", F32, ["N", "M", 4]), ("batch", I64, [])]  # batch as a tensor too: the Gather module stays
+    model = make_model(nodes, [("x", F32, ["N", 3, 4, 5])], outputs, consts, opset=opset)
     gm = check(model)
     assert module_of(gm, m.Reshape).shape is None  # the shape really is computed at run time
+    # ... from x's shape as ints (symbolic under torch.compile / torch.export), not read back from a tensor
+    assert repr(module_of(gm, m.FromShapes).exprs[1]) == "concat(unsqueeze(gather(x.shape, 0)), [-1, 0])"
     assert module_of(gm, m.Gather).index == 0  # the constant scalar index is baked
     for batch in (1, 5):
         x = RNG.standard_normal((batch, 3, 4, 5)).astype(F32)
