@@ -14,7 +14,7 @@ import keyword
 import logging
 import operator
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -29,6 +29,8 @@ from .registry import normalize_domain, resolve, schema_for
 from .tensors import to_torch, torch_dtype
 
 logger = logging.getLogger(__name__)  # DEBUG: one line per node (converter, module, fast/exact path)
+
+RELEASE_MIN_ELEMENTS = 1024  # constants larger than this are dropped from the context after their last reader
 
 # Ops that must never be evaluated at conversion time, even when all their inputs are constants.
 NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -92,11 +94,21 @@ class ConversionContext:
         if scope is None:
             return None
         if name not in scope._constants:
-            scope._constants[name] = to_torch(scope._initializers.pop(name), self.loaded.base_dir)
+            proto = scope._initializers.pop(name)
+            read = self.loaded.weights.pop(name, None) if scope.parent is None else None
+            scope._constants[name] = read if read is not None else to_torch(proto, self.loaded.base_dir)
         return scope._constants[name]
 
     def set_constant(self, name: str, value: torch.Tensor) -> None:
         self._constants[name] = value
+
+    def release(self, name: str) -> None:
+        """Every reader of ``name`` is converted: drop a large constant of this scope, so a weight that a converter
+        copied into its module (e.g. reordered into an nn.LSTM) is not held twice. Small ones stay for converters
+        that trace shape arithmetic back through the graph."""
+        value = self._constants.get(name)
+        if value is not None and value.numel() > RELEASE_MIN_ELEMENTS:
+            del self._constants[name]
 
     def dtype(self, name: str | None) -> torch.dtype | None:
         """Static element type of a value when known."""
@@ -150,16 +162,21 @@ def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
         raise UnsupportedOperatorError(missing)
 
 
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The values a node reads: its inputs and what its subgraphs read from enclosing scopes."""
+    reads = [name for name in node.input if name]
+    for attribute in node.attribute:
+        for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
+            reads += _free_names(body)
+    return reads
+
+
 def _free_names(graph: onnx.GraphProto) -> list[str]:
     """Values a (sub)graph reads from enclosing scopes, in order of first use."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     free: dict[str, None] = {}
     for node in graph.node:
-        reads = list(node.input)
-        for attribute in node.attribute:
-            for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                reads += _free_names(body)
-        free.update((name, None) for name in reads if name and name not in defined)
+        free.update((name, None) for name in _reads(node) if name not in defined)
         defined.update(node.output)
     free.update((o.name, None) for o in graph.output if o.name not in defined)
     return list(free)
@@ -222,6 +239,8 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
     capture_nodes = {name: graph.placeholder(placeholder_names(name)) for name in captured}
     env.update(capture_nodes)
 
+    remaining = Counter(name for proto in graph_proto.node for name in _reads(proto))
+    remaining.update(info.name for info in graph_proto.output)  # graph outputs are read at the end
     for index, proto in enumerate(graph_proto.node):
         domain = normalize_domain(proto.domain)
         converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
@@ -248,6 +267,10 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
             _log(ctx, node, converter, None if foldable else result.module)
         if progress is not None:
             progress(index + 1, len(graph_proto.node))
+        for name in _reads(proto):
+            remaining[name] -= 1
+            if remaining[name] == 0:
+                ctx.release(name)
         if foldable:
             for name, tensor in _per_output(node, outputs):
                 ctx.set_constant(name, tensor)

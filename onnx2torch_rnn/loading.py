@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import torch
 
 from .errors import InvalidModelError
 from .registry import normalize_domain
-from .tensors import external_data_path, is_external
+from .tensors import external_data_path, is_external, to_torch
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
@@ -32,10 +33,11 @@ SKELETON_MAX_ELEMENTS = 1024
 
 @dataclass
 class LoadedModel:
-    proto: onnx.ModelProto  # the model as given (with its weights); not modified
+    proto: onnx.ModelProto  # the model (its large inline weights moved to ``weights`` when it was parsed here)
     inferred: onnx.ModelProto  # the weightless skeleton after shape inference: static types of values
     base_dir: str | None  # folder that external data paths are relative to; None for bytes
     opsets: dict[str, int]  # domain ('' for ai.onnx) -> opset version
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)  # main-graph initializers already read
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
     uses: Counter = field(init=False)  # value name -> how many node inputs and graph outputs read it
 
@@ -92,6 +94,9 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None) -
     for tensor in _tensors(proto.graph):
         if is_external(tensor):
             external_data_path(tensor, base_dir)  # raises for a missing file or a path outside the folder
+    weights = {}
+    if not isinstance(source, onnx.ModelProto):  # our own parse: hold each weight once, as a tensor
+        proto, weights = _take_weights(proto)
     skeleton = _skeleton(proto)
     try:
         onnx.checker.check_model(skeleton)
@@ -103,7 +108,27 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None) -
     with contextlib.suppress(Exception):  # shape information only helps converters; a model may lack it
         skeleton = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False)
     opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}
-    return LoadedModel(proto, skeleton, base_dir, opsets)
+    return LoadedModel(proto, skeleton, base_dir, opsets, weights)
+
+
+def _large(tensor: onnx.TensorProto) -> bool:
+    return int(np.prod(tensor.dims)) > SKELETON_MAX_ELEMENTS
+
+
+def _take_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
+    """Read the large inline initializers of the main graph into tensors and return a copy of the model whose
+    initializers for them carry no data, so the parsed bytes can be freed (protobuf frees a message only whole)."""
+    weights = {t.name: to_torch(t) for t in proto.graph.initializer if _large(t) and not is_external(t)}
+    if not weights:
+        return proto, weights
+    graph = _copy_except(proto.graph, "initializer")
+    for tensor in proto.graph.initializer:
+        if tensor.name in weights:
+            tensor = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+        graph.initializer.append(tensor)
+    stripped = _copy_except(proto, "graph")
+    stripped.graph.CopyFrom(graph)
+    return stripped, weights
 
 
 def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -112,7 +137,7 @@ def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
     skeleton.graph.CopyFrom(_copy_except(proto.graph, "initializer"))
     declared = {i.name for i in proto.graph.input}
     for tensor in proto.graph.initializer:
-        if is_external(tensor) or int(np.prod(tensor.dims)) > SKELETON_MAX_ELEMENTS:
+        if is_external(tensor) or _large(tensor):
             if tensor.name not in declared:
                 skeleton.graph.input.append(
                     onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))

@@ -86,7 +86,14 @@ def _read_external(tensor: TensorProto, base_dir: str | None) -> np.ndarray:
 def to_torch(tensor: TensorProto, base_dir: str | None = None) -> torch.Tensor:
     """A TensorProto (inline or external data) as a torch tensor of the matching dtype."""
     dtype = torch_dtype(tensor.data_type)
-    array = _read_external(tensor, base_dir) if is_external(tensor) else numpy_helper.to_array(tensor)
+    if is_external(tensor):
+        array = _read_external(tensor, base_dir)
+    elif tensor.HasField("raw_data") and dtype not in (torch.bool, torch.complex64, torch.complex128):
+        # one writable copy of the little-endian bytes (numpy_helper.to_array and a copy would make two)
+        np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        array = np.frombuffer(tensor.raw_data, np_dtype.newbyteorder("<")).astype(np_dtype).reshape(tensor.dims)
+    else:
+        array = numpy_helper.to_array(tensor)
     # np.ascontiguousarray would turn a 0-d array into 1-d: copy only when needed instead
     if not (array.flags.c_contiguous and array.flags.writeable):
         array = array.copy()
