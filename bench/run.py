@@ -1,22 +1,45 @@
 """Benchmark converted recurrent models against onnxruntime, in one process and one run.
 
-    .venv/bin/python bench/run.py [--suite quick|full] [--threads 1 2] [--compile] [--out bench/results/latest.md]
+    .venv/bin/python bench/run.py                  # the full suite: 600 rows, about 13 minutes on 2 idle cores
+    .venv/bin/python bench/run.py --suite quick    # 18 cases, for iteration (about 2 minutes per thread count)
+    options: --threads 1 2 (the default), --no-compile, --no-models, --no-conversion, --filter REGEX (cases whose
+             name matches), --budget SECONDS (timing per variant and row), --out FILE (bench/results/<suite>.md)
 
-For each configuration: build the ONNX model, convert it, check the converted outputs against onnxruntime (the run
-fails on a mismatch: speed never trades correctness), then time onnxruntime, the converted module (eager, and
-torch.compile'd with --compile) and the GEMM floor (the same matmuls alone: one input projection for all steps plus
-one recurrent matmul per step), with the same thread count for torch and onnxruntime. Reports medians and ratios
-as a markdown table.
+Run it on otherwise idle cores: timings are medians, but with 2 threads on 2 busy cores torch's OpenMP regions wait
+for a descheduled thread (100x slowdowns seen) while onnxruntime's thread pool does not.
+
+Every case is one ONNX model: a single LSTM/GRU/RNN node (the matrix: op, direction, hidden, sequence, batch, with
+and without sequence_lens, plus one exact-path case per op: peepholes, clip, a non-default activation), a 2-layer
+bidirectional LSTM exported by torch.onnx (made here), the bundled example tagger, and Keras models exported by
+tf2onnx (tests/models/keras, when present). For each case the script converts the model, checks every output of the
+converted module (eager and torch.compile'd) against onnxruntime (a mismatch fails the run: speed never trades
+correctness), then times, interleaved round by round so that machine noise hits all of them alike:
+- onnxruntime (default session options, intra-op threads = the torch thread count, inter-op 1),
+- the converted module, eager and torch.compile'd (``dynamic=False``), under ``torch.no_grad()``,
+- the GEMM floor: the same matmuls alone in torch (the input projection of all steps in one matmul, then one
+  recurrent matmul per step and direction into a preallocated output): what any torch implementation pays.
+It reports medians and ratios, then the conversion time and peak memory of a large model (a 4-layer bidirectional
+LSTM, hidden 1024, built with onnx.helper) measured in a fresh process, and writes a markdown table.
+
+Targets (issue 5): eager <= 1.0x onnxruntime on the fast path (nn.LSTM/GRU/RNN weights), <= 1.3x on the exact path;
+torch.compile'd <= 1.0x; conversion <= 1 s per 100 MB of weights; peak memory <= 2x the weight bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,35 +49,53 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn.checking import compare_arrays
+from onnx2torch_rnn.checking import compare_arrays, random_inputs, runtime_inputs
 
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+RECURRENT = tuple(GATES)
+TARGET_FAST, TARGET_EXACT, TARGET_COMPILED = 1.0, 1.3, 1.0
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cases
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """One recurrent node: X [T, B, I] with I = hidden unless given; outputs Y and Y_h."""
+
     op: str
     direction: str = "forward"
     hidden: int = 64
     seq: int = 16
     batch: int = 1
-    input_size: int = 64
+    input_size: int | None = None
     seq_lens: bool = False
-    attrs: tuple = ()  # extra ONNX attributes, e.g. (("clip", 5.0),)
+    attrs: tuple = ()  # extra ONNX attributes, e.g. (("clip", 3.0),)
     peepholes: bool = False
     label: str = ""
 
     @property
     def name(self) -> str:
-        extra = self.label or ", ".join(f"{k}={v}" for k, v in self.attrs)
+        extra = self.label or " ".join(f"{k}={v}" for k, v in self.attrs)
         return (f"{self.op} {self.direction[:3]} H{self.hidden} T{self.seq} B{self.batch}"
                 + (" lens" if self.seq_lens else "") + (f" {extra}" if extra else ""))
 
 
-def recurrent_model(cfg: Config) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+@dataclasses.dataclass
+class Case:
+    name: str
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    # (T, B, I, H, gates, directions) of every recurrent node, for the GEMM floor; None when unknown
+    matmuls: list[tuple[int, int, int, int, int, int]] | None
+
+
+def recurrent_model(cfg: Config) -> Case:
     rng = np.random.default_rng(0)
     d = 2 if cfg.direction == "bidirectional" else 1
-    g, h, i = GATES[cfg.op], cfg.hidden, cfg.input_size
+    g, h, i = GATES[cfg.op], cfg.hidden, cfg.input_size or cfg.hidden
     scale = 1 / np.sqrt(h)
     init = {"W": rng.uniform(-scale, scale, (d, g * h, i)), "R": rng.uniform(-scale, scale, (d, g * h, h)),
             "B": rng.uniform(-scale, scale, (d, 2 * g * h))}
@@ -62,11 +103,10 @@ def recurrent_model(cfg: Config) -> tuple[onnx.ModelProto, dict[str, np.ndarray]
     if cfg.peepholes:
         init["P"] = rng.uniform(-scale, scale, (d, 3 * h))
         inputs += ["", "", "P"]
-    outputs = ["Y", "Y_h"]
-    node = helper.make_node(cfg.op, inputs, outputs, hidden_size=h, direction=cfg.direction, **dict(cfg.attrs))
+    node = helper.make_node(cfg.op, inputs, ["Y", "Y_h"], hidden_size=h, direction=cfg.direction, **dict(cfg.attrs))
     graph_inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [cfg.seq, cfg.batch, i])]
     feeds = {"X": rng.standard_normal((cfg.seq, cfg.batch, i)).astype(np.float32)}
-    if cfg.seq_lens:
+    if cfg.seq_lens:  # random lengths in [1, T], the first row full
         graph_inputs.append(helper.make_tensor_value_info("sequence_lens", TensorProto.INT32, [cfg.batch]))
         feeds["sequence_lens"] = rng.integers(1, cfg.seq + 1, cfg.batch).astype(np.int32)
         feeds["sequence_lens"][0] = cfg.seq
@@ -76,128 +116,369 @@ def recurrent_model(cfg: Config) -> tuple[onnx.ModelProto, dict[str, np.ndarray]
          helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [d, cfg.batch, h])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in init.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    return model, feeds
+    return Case(cfg.name, model, feeds, [(cfg.seq, cfg.batch, i, h, g, d)])
 
 
-def median_seconds(fn, budget: float = 1.0, min_runs: int = 5, max_runs: int = 200) -> float:
-    fn()  # warm-up (and compilation)
-    times = []
-    start = time.perf_counter()
-    while len(times) < min_runs or (time.perf_counter() - start < budget and len(times) < max_runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def recurrent_matmuls(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list | None:
+    """(T, B, I, H, gates, directions) of each LSTM/GRU/RNN node of the main graph, from shape inference with the
+    feeds' shapes; None if some shape stays unknown."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for info in model.graph.input:
+        if info.name in feeds:
+            dims = info.type.tensor_type.shape.dim
+            for dim, size in zip(dims, feeds[info.name].shape, strict=True):
+                dim.Clear()
+                dim.dim_value = size
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+              for v in [*inferred.graph.value_info, *inferred.graph.input]}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    result = []
+    for node in model.graph.node:
+        if node.op_type not in RECURRENT:
+            continue
+        x, w, r = (shapes.get(name) for name in node.input[:3])
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        if not (x and w and r) or None in x + w + r:
+            return None
+        steps, batch = (x[1], x[0]) if layout else (x[0], x[1])
+        result.append((steps, batch, x[2], r[2], GATES[node.op_type], w[0]))
+    return result
 
 
-def gemm_floor(cfg: Config) -> callable:
-    """The matmuls a recurrent layer cannot avoid: X·Wᵀ for all steps, then one H·Rᵀ per step and direction."""
-    d = 2 if cfg.direction == "bidirectional" else 1
-    g = GATES[cfg.op]
-    x = torch.randn(cfg.seq * cfg.batch, cfg.input_size)
-    w = torch.randn(cfg.input_size, d * g * cfg.hidden)
-    r = torch.randn(d, cfg.hidden, g * cfg.hidden)
-    h = torch.randn(d, cfg.batch, cfg.hidden)
-
-    def run():
-        with torch.no_grad():
-            x @ w
-            for _ in range(cfg.seq):
-                torch.bmm(h, r)
-    return run
+def file_case(name: str, path: Path, dims: dict[str, int]) -> Case | None:
+    if not path.exists():
+        return None
+    model = onnx.load(str(path))
+    feeds = random_inputs(model, seed=0, dims=dims)
+    return Case(name, model, feeds, recurrent_matmuls(model, feeds))
 
 
-def bench_one(cfg: Config, threads: int, compiled: bool) -> dict:
-    model, feeds = recurrent_model(cfg)
-    torch.set_num_threads(threads)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    module = onnx2torch_rnn.convert(model).eval()
-    args = [torch.from_numpy(feeds[k]) for k in feeds]
-    expected = session.run(None, feeds)
-    with torch.no_grad():
-        actual = [t.numpy() for t in module(*args)]
-    for name, got, want in zip(("Y", "Y_h"), actual, expected, strict=True):
-        result = compare_arrays(name, got, want, rtol=1e-4, atol=1e-5)
-        if not result.ok:
-            raise AssertionError(f"{cfg.name}: output {name} differs from onnxruntime: {result}")
+def torch_exported_case(hidden: int = 256, layers: int = 2, steps: int = 64, batch: int = 8) -> Case:
+    """A multi-layer bidirectional LSTM tagger exported by torch.onnx (TorchScript exporter), made here."""
+    import io
 
-    def torch_run(m=module):
-        with torch.no_grad():
-            m(*args)
+    torch.manual_seed(0)
 
-    row = {"config": cfg.name, "threads": threads,
-           "ort": median_seconds(lambda: session.run(None, feeds)),
-           "eager": median_seconds(torch_run),
-           "floor": median_seconds(gemm_floor(cfg))}
-    if compiled:
-        compiled_module = torch.compile(module, dynamic=False)
-        row["compiled"] = median_seconds(lambda: torch_run(compiled_module))
-    return row
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(hidden, hidden, num_layers=layers, bidirectional=True, batch_first=True)
+            self.classify = torch.nn.Linear(2 * hidden, 16)
+
+        def forward(self, x):
+            return self.classify(self.lstm(x)[0])
+
+    buffer = io.BytesIO()
+    x = torch.randn(batch, steps, hidden)
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice, LSTM batch-size advice
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Tagger().eval(), (x,), buffer, dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["tags"], dynamic_axes={"x": {0: "batch", 1: "time"}})
+    model = onnx.load_from_string(buffer.getvalue())
+    feeds = {"x": x.numpy()}
+    return Case(f"torch.onnx {layers}-layer biLSTM H{hidden} T{steps} B{batch}", model, feeds,
+                recurrent_matmuls(model, feeds))
+
+
+def model_cases() -> list[Case]:
+    cases = [torch_exported_case(),
+             file_case("examples/bilstm_tagger.onnx T64 B8", ROOT / "examples" / "bilstm_tagger.onnx",
+                       {"batch": 8, "time": 64})]
+    keras = ROOT / "tests" / "models" / "keras"
+    cases += [file_case(f"Keras {path.stem} T64 B8", path, {"batch": 8, "time": 64})
+              for path in (keras / "tf_keras_stacked.onnx", keras / "keras3_bi_lstm_concat.onnx")]
+    return [c for c in cases if c is not None]
 
 
 def suite(name: str) -> list[Config]:
+    ops = [("LSTM", ()), ("GRU", (("linear_before_reset", 1),)), ("GRU", (("linear_before_reset", 0),)), ("RNN", ())]
     exact = [Config("LSTM", peepholes=True, label="peepholes"), Config("LSTM", attrs=(("clip", 3.0),)),
-             Config("GRU", attrs=(("linear_before_reset", 0),), label="lbr=0"),
-             Config("RNN", attrs=(("activations", ["Sigmoid"]),), label="Sigmoid")]
+             Config("GRU", attrs=(("linear_before_reset", 1), ("clip", 3.0))),
+             Config("RNN", attrs=(("activations", ["Sigmoid"]),), label="activations=Sigmoid")]
     if name == "quick":
-        base = [Config(op, attrs=attrs) for op, attrs in
-                [("LSTM", ()), ("GRU", (("linear_before_reset", 1),)), ("RNN", ())]]
-        sizes = [dict(hidden=64, seq=16, batch=1), dict(hidden=256, seq=128, batch=8)]
-        configs = [dataclasses.replace(c, **s) for c in base for s in sizes]
-        configs += [dataclasses.replace(configs[1], direction="bidirectional"),
-                    dataclasses.replace(configs[1], seq_lens=True)]
+        configs = [Config(op, hidden=h, seq=t, batch=b, attrs=attrs)
+                   for op, attrs in ops for h, t, b in ((64, 16, 1), (256, 128, 8))]
+        configs += [Config("LSTM", "bidirectional", 256, 128, 8), Config("LSTM", hidden=256, seq=128, batch=8,
+                                                                          seq_lens=True)]
         return configs + [dataclasses.replace(c, hidden=256, seq=128, batch=8) for c in exact]
-    configs = []
-    for op, attrs in [("LSTM", ()), ("GRU", (("linear_before_reset", 1),)), ("GRU", (("linear_before_reset", 0),)),
-                      ("RNN", ())]:
-        for direction in ("forward", "bidirectional"):
-            for hidden in (64, 256, 512):
-                for seq in (16, 128):
-                    for batch in (1, 8, 32):
-                        for seq_lens in (False, True):
-                            configs.append(Config(op, direction, hidden, seq, batch, hidden, seq_lens, attrs))
-    return configs + exact
+    configs = [Config(op, direction, hidden, seq, batch, None, seq_lens, attrs)
+               for op, attrs in ops for direction in ("forward", "bidirectional") for hidden in (64, 256, 512)
+               for seq in (16, 128) for batch in (1, 8, 32) for seq_lens in (False, True)]
+    return configs + [dataclasses.replace(c, hidden=h, seq=128, batch=8) for c in exact for h in (64, 256)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Timing
+
+def gemm_floor(matmuls: list[tuple[int, int, int, int, int, int]]) -> Callable[[], None]:
+    """The matmuls a recurrent layer cannot avoid: X·Wᵀ for all steps, then one H·Rᵀ per step and direction."""
+    work = []
+    for steps, batch, input_size, hidden, gates, directions in matmuls:
+        x = torch.randn(steps * batch, input_size)
+        w = torch.randn(input_size, directions * gates * hidden)
+        r = torch.randn(directions, hidden, gates * hidden)
+        h = torch.randn(directions, batch, hidden)
+        out = torch.empty(directions, batch, gates * hidden)
+        work.append((steps, x, w, r, h, out))
+
+    def run():
+        for steps, x, w, r, h, out in work:
+            x @ w
+            for _ in range(steps):
+                if r.shape[0] == 1:
+                    torch.mm(h[0], r[0], out=out[0])
+                else:
+                    torch.bmm(h, r, out=out)
+    return run
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], budget: float, rounds: int = 3,
+                        max_samples: int = 300) -> dict[str, float]:
+    """Median seconds per call of each function. The functions take turns, ``rounds`` times, each running for
+    ``budget / rounds`` seconds (at least once) per turn, so that machine noise hits all of them alike."""
+    samples = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()  # warm-up
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(max_samples // rounds):
+                t0 = time.perf_counter()
+                fn()
+                samples[key].append(time.perf_counter() - t0)
+                if samples[key][-1] + t0 - start >= budget / rounds:
+                    break
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _outputs(value) -> list[np.ndarray]:
+    return [t.detach().numpy() for t in (value if isinstance(value, tuple | list) else [value])]
+
+
+def check(case: Case, label: str, actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    names = [o.name for o in case.model.graph.output]
+    for name, got, want in zip(names, actual, expected, strict=True):
+        result = compare_arrays(name, got, want, rtol=1e-4, atol=1e-5)
+        if not result.ok:
+            raise AssertionError(f"{case.name} ({label}): output {name} differs from onnxruntime: {result}")
+
+
+def bench_case(case: Case, threads: list[int], compiled: bool, budget: float) -> list[dict]:
+    module = onnx2torch_rnn.convert(case.model)
+    recurrent = [m for m in module.modules() if hasattr(m, "fast") and hasattr(m, "cell")]
+    path = "fast" if all(m.fast for m in recurrent) else "exact"
+    names = [i.name for i in runtime_inputs(case.model)]
+    args = [torch.from_numpy(case.feeds[k]) for k in names]
+    sessions = {}
+    for n in threads:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = n, 1
+        sessions[n] = ort.InferenceSession(case.model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+    expected = sessions[threads[0]].run(None, case.feeds)
+    with torch.no_grad():
+        check(case, "eager", _outputs(module(*args)), expected)
+        if compiled:
+            start = time.perf_counter()
+            compiled_module = torch.compile(module, dynamic=False)
+            check(case, "compiled", _outputs(compiled_module(*args)), expected)
+            compile_seconds = time.perf_counter() - start
+    floor = gemm_floor(case.matmuls) if case.matmuls else None
+    rows = []
+    for n in threads:
+        torch.set_num_threads(n)
+        fns = {"ort": lambda s=sessions[n]: s.run(None, case.feeds), "eager": lambda: module(*args)}
+        if compiled:
+            fns["compiled"] = lambda: compiled_module(*args)
+        if floor is not None:
+            fns["floor"] = floor
+        with torch.no_grad():
+            row = interleaved_medians(fns, budget)
+        row.update(config=case.name, threads=n, path=path)
+        if compiled:
+            row["compile_s"] = compile_seconds
+        rows.append(row)
+        print(format_progress(row), flush=True)
+    return rows
+
+
+def format_progress(r: dict) -> str:
+    text = (f"{r['config']:<52} t{r['threads']} {r['path']:<5} ort {r['ort'] * 1e3:9.3f} ms  "
+            f"eager {r['eager'] / r['ort']:5.2f}x")
+    if "compiled" in r:
+        text += f"  compiled {r['compiled'] / r['ort']:5.2f}x"
+    if "floor" in r:
+        text += f"  floor {r['floor'] / r['ort']:5.2f}x"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Conversion time and peak memory of a large model, in a fresh process
+
+def large_lstm(path: Path, layers: int = 4, hidden: int = 1024, input_size: int = 1024) -> int:
+    """Write a stacked bidirectional LSTM (layer l reads the [T, N, 2H] concatenation of layer l-1) to ``path``;
+    return the weight bytes."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x, size, total = [], [], "X", input_size, 0
+    for layer in range(layers):
+        for name, shape in (("W", (2, 4 * hidden, size)), ("R", (2, 4 * hidden, hidden)), ("B", (2, 8 * hidden))):
+            array = rng.standard_normal(shape, dtype=np.float32) * 0.05
+            inits.append(numpy_helper.from_array(array, f"{name}{layer}"))
+            total += array.nbytes
+        nodes += [helper.make_node("LSTM", [x, f"W{layer}", f"R{layer}", f"B{layer}"], [f"Y{layer}"],
+                                   hidden_size=hidden, direction="bidirectional"),
+                  helper.make_node("Transpose", [f"Y{layer}"], [f"T{layer}"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", [f"T{layer}", "shape"], [f"X{layer + 1}"])]
+        x, size = f"X{layer + 1}", 2 * hidden
+    inits.append(numpy_helper.from_array(np.array([0, 0, -1], dtype=np.int64), "shape"))
+    graph = helper.make_graph(nodes, "large", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                                             ["T", "N", input_size])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["T", "N", 2 * hidden])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return total
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+def _measure_conversion(path: str) -> None:
+    """Child process: convert ``path`` once, print seconds and peak RSS growth (bytes) as JSON."""
+    before = _rss_kib("VmRSS")
+    start = time.perf_counter()
+    module = onnx2torch_rnn.convert(path)
+    seconds = time.perf_counter() - start
+    peak = _rss_kib("VmHWM")
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    print(json.dumps({"seconds": seconds, "peak_bytes": (peak - before) * 1024, "param_bytes": params}))
+
+
+def conversion_benchmark() -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "large_lstm.onnx"
+        weight_bytes = large_lstm(path)
+        runs = [json.loads(subprocess.run([sys.executable, __file__, "--measure-conversion", str(path)],
+                                          check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+                for _ in range(3)]
+    result = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    result.update(weight_bytes=weight_bytes, file_bytes=weight_bytes)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+
+def _ratio(ratio: float, target: float) -> str:
+    return f"**{ratio:.2f}**" if ratio > target else f"{ratio:.2f}"
 
 
 def markdown(rows: list[dict], compiled: bool) -> str:
-    header = ["config", "threads", "onnxruntime ms", "eager ms", "eager/ort"]
+    header = ["case", "thr", "path", "onnxruntime ms", "eager ms", "eager/ort"]
     if compiled:
         header += ["compiled ms", "compiled/ort"]
-    header += ["GEMM floor ms", "eager/floor"]
+    header += ["GEMM floor ms", "floor/ort", "eager/floor"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        cells = [r["config"], str(r["threads"]), f"{r['ort'] * 1e3:.3f}", f"{r['eager'] * 1e3:.3f}",
-                 f"{r['eager'] / r['ort']:.2f}"]
+        target = TARGET_FAST if r["path"] == "fast" else TARGET_EXACT
+        cells = [r["config"], str(r["threads"]), r["path"], f"{r['ort'] * 1e3:.3f}", f"{r['eager'] * 1e3:.3f}",
+                 _ratio(r["eager"] / r["ort"], target)]
         if compiled:
-            cells += [f"{r['compiled'] * 1e3:.3f}", f"{r['compiled'] / r['ort']:.2f}"]
-        cells += [f"{r['floor'] * 1e3:.3f}", f"{r['eager'] / r['floor']:.2f}"]
+            cells += [f"{r['compiled'] * 1e3:.3f}", _ratio(r["compiled"] / r["ort"], TARGET_COMPILED)]
+        if "floor" in r:
+            cells += [f"{r['floor'] * 1e3:.3f}", f"{r['floor'] / r['ort']:.2f}", f"{r['eager'] / r['floor']:.2f}"]
+        else:
+            cells += ["-", "-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def summary(rows: list[dict], compiled: bool) -> str:
+    lines = ["| group | rows | median eager/ort | worst eager/ort | eager misses | median compiled/ort | "
+             "compiled misses | median floor/ort |", "|---|---|---|---|---|---|---|---|"]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        op = r["config"].split()[0] if r["config"].split()[0] in RECURRENT else "models"
+        groups.setdefault(f"{op}, {r['path']}, {r['threads']} thread(s)", []).append(r)
+    for key, group in groups.items():
+        target = TARGET_FAST if ", fast," in key else TARGET_EXACT
+        eager = [r["eager"] / r["ort"] for r in group]
+        cells = [key, str(len(group)), f"{statistics.median(eager):.2f}", f"{max(eager):.2f}",
+                 str(sum(e > target for e in eager))]
+        if compiled:
+            comp = [r["compiled"] / r["ort"] for r in group]
+            cells += [f"{statistics.median(comp):.2f}", str(sum(c > TARGET_COMPILED for c in comp))]
+        else:
+            cells += ["-", "-"]
+        floors = [r["floor"] / r["ort"] for r in group if "floor" in r]
+        cells.append(f"{statistics.median(floors):.2f}" if floors else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def conversion_markdown(c: dict) -> str:
+    mb = c["weight_bytes"] / 1e6
+    return ("| model | weights MB | conversion s | s per 100 MB (target <= 1) | peak memory MB | peak / weights "
+            "(target <= 2) |\n|---|---|---|---|---|---|\n"
+            f"| 4-layer bidirectional LSTM, hidden 1024 | {mb:.0f} | {c['seconds']:.2f} | "
+            f"{c['seconds'] / mb * 100:.2f} | {c['peak_bytes'] / 1e6:.0f} | "
+            f"{c['peak_bytes'] / c['weight_bytes']:.2f} |")
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["quick", "full"], default="quick")
+    parser.add_argument("--suite", choices=["quick", "full"], default="full")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd modules")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latest.md")
+    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile'd timings")
+    parser.add_argument("--no-models", dest="models", action="store_false", help="skip the whole-model cases")
+    parser.add_argument("--no-conversion", dest="conversion", action="store_false",
+                        help="skip the large-model conversion benchmark")
+    parser.add_argument("--filter", default="", help="only cases whose name matches this regular expression")
+    parser.add_argument("--budget", type=float, default=None, help="seconds of timing per variant and row")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--measure-conversion", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.measure_conversion:
+        _measure_conversion(args.measure_conversion)
+        return 0
+    budget = args.budget or (0.15 if args.suite == "full" else 0.5)
+    out = args.out or HERE / "results" / f"{args.suite}.md"
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
+    threads_max = torch.get_num_threads()
+    cases = (recurrent_model(c) for c in suite(args.suite))
     rows = []
-    for cfg in suite(args.suite):
-        for threads in args.threads:
-            rows.append(bench_one(cfg, threads, args.compile))
-            r = rows[-1]
-            print(f"{r['config']:<45} t{threads}  ort {r['ort'] * 1e3:8.3f} ms  eager {r['eager'] * 1e3:8.3f} ms  "
-                  f"ratio {r['eager'] / r['ort']:.2f}", flush=True)
-    machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads max"
-    text = (f"Benchmark ({args.suite} suite), torch {torch.__version__}, onnxruntime {ort.__version__}, "
-            f"{machine}, Python {platform.python_version()}\n\n{markdown(rows, args.compile)}\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    for case in list(cases) + (model_cases() if args.models else []):
+        if re.search(args.filter, case.name):
+            rows += bench_case(case, args.threads, args.compile, budget)
+    torch.set_num_threads(threads_max)
+    conversion = conversion_benchmark() if args.conversion else None
+    minutes = (time.perf_counter() - started) / 60
+    text = [f"Benchmark ({args.suite} suite, {len(rows)} rows, {minutes:.1f} min): torch {torch.__version__}, "
+            f"onnxruntime {ort.__version__}, Python {platform.python_version()}, {machine()}, load average "
+            f"{load_before:.1f} before and {os.getloadavg()[0]:.1f} after (more than 0 means other processes shared "
+            "the cores: with 2 threads torch's OpenMP regions then stall while onnxruntime's pool does not).",
+            "Times are medians per call; ratios > target in bold (eager: 1.0 fast path, 1.3 exact path; compiled: "
+            "1.0). floor = the same matmuls alone in torch.", "", summary(rows, args.compile), "",
+            markdown(rows, args.compile)]
+    if conversion:
+        text += ["", conversion_markdown(conversion)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(text) + "\n")
+    print("\n".join(text[:5]))
+    if conversion:
+        print(conversion_markdown(conversion))
+    print(f"written to {out}")
     return 0
 
 
