@@ -17,6 +17,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import onnx
 import torch
@@ -24,6 +25,7 @@ from torch import fx, nn
 
 from .errors import ConversionError, Onnx2TorchError, UnsupportedOperatorError
 from .loading import LoadedModel, subgraphs
+from .modules.common import DeclaredShape
 from .node import OnnxNode, attribute_value
 from .registry import normalize_domain, resolve, schema_for
 from .tensors import to_torch, torch_dtype
@@ -67,12 +69,32 @@ class ConversionContext:
     converters (e.g. a Reshape target defined outside the loop).
     """
 
+    # Derives the value of a run-time value that conversion can nonetheless know (shape arithmetic on the static
+    # dims that graph inputs declare), or None; installed by converters/shape.py, which owns shape expressions.
+    derive_constant: ClassVar[Callable[[ConversionContext, str], torch.Tensor | None] | None] = None
+
     def __init__(self, loaded: LoadedModel, graph: onnx.GraphProto, parent: ConversionContext | None = None):
         self.loaded = loaded
         self.opsets = loaded.opsets
         self.parent = parent
         self._initializers = {t.name: t for t in graph.initializer}
         self._constants: dict[str, torch.Tensor] = {}
+        self._underivable: set[str] = set()
+        self.assumed_inputs: dict[str, None] = {}  # graph inputs whose declared static dims a derived value uses
+
+    def assume_declared_dims(self, name: str) -> None:
+        """A derived constant relies on the static dims graph input ``name`` declares: the module checks them."""
+        self.assumed_inputs[name] = None
+
+    def _derived(self, name: str) -> torch.Tensor | None:
+        if self.derive_constant is None or name in self._underivable:
+            return None
+        self._underivable.add(name)  # also while deriving: the derivation may ask about the value itself
+        value = self.derive_constant(name)
+        if value is not None:
+            self._underivable.discard(name)
+            self._constants[name] = value
+        return value
 
     def _owner(self, name: str | None) -> ConversionContext | None:
         scope = self
@@ -83,16 +105,16 @@ class ConversionContext:
         return None
 
     def is_constant(self, name: str | None) -> bool:
-        return self._owner(name) is not None
+        return self.constant(name) is not None
 
     def is_local_constant(self, name: str | None) -> bool:
         return self._owner(name) is self
 
-    def constant(self, name: str | None) -> torch.Tensor | None:
-        """The value of an initializer or folded constant, else None (absent input or computed at run time)."""
+    def constant(self, name: str | None, derive: bool = True) -> torch.Tensor | None:
+        """The value of an initializer, folded or derived constant, else None (absent or computed at run time)."""
         scope = self._owner(name)
         if scope is None:
-            return None
+            return None if name is None or not derive else self._derived(name)
         if name not in scope._constants:
             proto = scope._initializers.pop(name)
             read = self.loaded.weights.pop(name, None) if scope.parent is None else None
@@ -289,6 +311,13 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
         for name, out in _per_output(node, outputs):
             env[name] = out
 
+    if ctx.assumed_inputs:  # like onnxruntime, refuse inputs whose static dims differ from the declared ones
+        with graph.inserting_after([n for n in graph.nodes if n.op == "placeholder"][-1]):
+            for name in ctx.assumed_inputs:
+                dims = {i: d for i, d in enumerate(ctx.loaded.declared[name]) if isinstance(d, int)}
+                target = attribute_names(f"check_{name}")
+                root.add_module(target, DeclaredShape(name, dims))
+                graph.call_module(target, (env[name],))
     outputs = [value(info.name) for info in graph_proto.output]
     graph.output(outputs[0] if len(outputs) == 1 and not is_subgraph else tuple(outputs))
     module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))

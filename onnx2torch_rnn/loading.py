@@ -40,6 +40,7 @@ class LoadedModel:
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # main-graph initializers already read
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
     uses: Counter = field(init=False)  # value name -> how many node inputs and graph outputs read it
+    declared: dict[str, list[int | None]] = field(init=False)  # run-time graph input -> declared dims (None: symbolic)
 
     def __post_init__(self):
         graphs = list(subgraphs(self.inferred.graph))
@@ -48,6 +49,11 @@ class LoadedModel:
                       if info.type.HasField("tensor_type")}
         self.uses = Counter(name for graph in graphs for node in graph.node for name in node.input if name)
         self.uses.update(output.name for graph in graphs for output in graph.output)
+        initializers = {t.name for t in self.proto.graph.initializer}
+        self.declared = {info.name: [d.dim_value if d.HasField("dim_value") else None
+                                     for d in info.type.tensor_type.shape.dim]
+                         for info in self.proto.graph.input
+                         if info.name not in initializers and info.type.tensor_type.HasField("shape")}
 
 
 def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

@@ -2,6 +2,7 @@
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from onnx import helper
 
@@ -123,3 +124,35 @@ def test_float_scalars_are_constants_not_weights():
                           {"one": np.float32(1.0), "w": np.float32([2.0, 3.0])}))
     assert [name for name, _ in gm.named_parameters()] == ["w"]
     assert [name for name, _ in gm.named_buffers()] == ["one"]
+
+
+def _weight_sliced_by_input_size():
+    """MXNet-style: W = Slice(blob, 0, 3 * I) with I = Shape(x)[1], a dim x declares static; y = x @ W^T."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "one"], ["size"], axis=0),
+        helper.make_node("Mul", ["size", "three"], ["end"]),
+        helper.make_node("Slice", ["blob", "zero", "end"], ["flat"]),
+        helper.make_node("Reshape", ["flat", "w_shape"], ["w"]),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="use"),
+    ]
+    init = {"one": np.array([1], np.int64), "three": np.array([3], np.int64), "zero": np.array([0], np.int64),
+            "blob": np.arange(20, dtype=np.float32) / 10, "w_shape": np.array([4, 3], np.int64)}
+    return make_model(nodes, [("x", np.float32, ["batch", 4])], ["y"], init)
+
+
+def test_shape_arithmetic_on_declared_static_dims_is_evaluated_once():
+    model = _weight_sliced_by_input_size()
+    gm = check(model, {"x": np.ones((5, 4), np.float32)})
+    assert [n.meta["onnx"]["name"] for n in gm.graph.nodes if "onnx" in n.meta] == ["use"]  # the slicing folded
+    assert gm(torch.ones(2, 4)).shape == (2, 3)  # the symbolic batch dim stays free
+    with pytest.raises(ValueError, match="declares size 4 for dimension 1"):
+        gm(torch.ones(2, 5))  # onnxruntime refuses such an input too
+
+
+def test_shape_arithmetic_on_symbolic_dims_stays_at_run_time():
+    model = _weight_sliced_by_input_size()
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "features"
+    gm = onnx2torch_rnn.convert(model)
+    assert "check_x" not in dict(gm.named_children()) and len(list(gm.children())) > 1
+    torch.testing.assert_close(gm(torch.ones(2, 4)), torch.ones(2, 4) @ (torch.arange(12.0) / 10).reshape(4, 3))

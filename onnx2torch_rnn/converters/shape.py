@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
+from ..builder import ConversionContext
 from ..modules import shape as m
 from ..modules.common import Function
 from ..node import Converted, OnnxNode
@@ -160,6 +161,20 @@ def _elementwise_expr(ctx, node, sub):
     return expr
 
 
+def _split_expr(ctx, node, source: m.ShapeExpr, output: int) -> m.ShapeExpr:
+    """Output ``output`` of a Split of a 1-d shape vector (e.g. MXNet's Split(Shape(data)) into single dims)."""
+    length = ctx.shape(node.input[0])
+    attributes = _attributes(node)
+    if attributes.get("axis", 0) not in (0, -1) or length is None or len(length) != 1 or not isinstance(length[0], int):
+        raise _NotShape
+    sizes = _static_list(ctx, node, "split", 1)
+    if sizes is None:  # equal parts; from opset 18 (num_outputs) the last one may be smaller
+        part = -(-length[0] // len(node.output))
+        sizes = [min(part, length[0] - k * part) for k in range(len(node.output))]
+    start = sum(sizes[:output])
+    return m.ShapeExpr("slice", [source], [start, start + sizes[output]])
+
+
 _SHAPE_EXPRESSIONS: dict[str, Callable] = {
     "Shape": lambda ctx, node, sub: m.ShapeExpr("shape", (), [node.input[0], _attributes(node).get("start", 0),
                                                               _attributes(node).get("end")]),
@@ -192,13 +207,15 @@ def shape_expression(ctx, name: str) -> m.ShapeExpr | None:
     def build(value: str) -> m.ShapeExpr:
         if value not in memo:
             memo[value] = None
-            constant = ctx.constant(value)
+            constant = ctx.constant(value, derive=False)  # deriving is what this serves
             node = producers.get(value)
             try:
                 if constant is not None:
                     if constant.dim() > 1 or constant.is_floating_point() or constant.is_complex():
                         raise _NotShape
                     memo[value] = m.ShapeExpr("const", (), [constant.tolist()])
+                elif node is not None and node.domain in ("", "ai.onnx") and node.op_type == "Split":
+                    memo[value] = _split_expr(ctx, node, build(node.input[0]), list(node.output).index(value))
                 elif node is not None and node.domain in ("", "ai.onnx") and node.op_type in _SHAPE_EXPRESSIONS:
                     memo[value] = _SHAPE_EXPRESSIONS[node.op_type](ctx, node, lambda i: build(node.input[i]))
             except _NotShape:
@@ -212,6 +229,41 @@ def shape_expression(ctx, name: str) -> m.ShapeExpr | None:
     except _NotShape:
         return None
     return expr if expr.sources() else None
+
+
+class _Undeclared:
+    """A dim a graph input leaves symbolic: an expression that computes with it has no value at conversion."""
+
+    def _refuse(self, *args):
+        raise _NotShape
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _refuse
+    __mod__ = __abs__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _refuse
+    __bool__ = __index__ = __int__ = __float__ = _refuse
+    __hash__ = None
+
+
+def derived_constant(ctx, name: str) -> torch.Tensor | None:
+    """The value of shape arithmetic that reads only dims the graph inputs declare static (e.g. MXNet's input size
+    from Split(Shape(data))[2], which slices the weights out of one blob), computed once at conversion so what it
+    feeds folds; the inputs it reads are then checked at run time against those dims, as onnxruntime does."""
+    expr = shape_expression(ctx, name)
+    if expr is None or not all(source in ctx.loaded.declared for source in expr.sources()):
+        return None
+    shapes = {source: [_Undeclared() if d is None else d for d in ctx.loaded.declared[source]]
+              for source in expr.sources()}
+    try:
+        value = expr(shapes)
+    except _NotShape:
+        return None
+    if not all(isinstance(v, int) for v in (value if isinstance(value, list) else [value])):
+        return None  # e.g. an undeclared dim passed through untouched
+    for source in expr.sources():
+        ctx.assume_declared_dims(source)
+    return torch.tensor(value, dtype=ctx.dtype(name) or torch.int64)
+
+
+ConversionContext.derive_constant = derived_constant
 
 
 def with_shape_inputs(ctx, module, inputs: Sequence[str | None], positions: Sequence[int] = (1,),

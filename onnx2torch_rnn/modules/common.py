@@ -33,3 +33,23 @@ class ConstantValue(nn.Module):
 
     def forward(self):
         return self.value
+
+
+class DeclaredShape(nn.Module):
+    """Refuses a graph input whose static dims differ from those the model declares, as onnxruntime does. Added
+    only where conversion relied on them (shape arithmetic on those dims was evaluated once, at conversion)."""
+
+    _is_impure = True  # no output: torch.fx must not drop it as dead code
+
+    def __init__(self, name: str, dims: dict[int, int]):
+        super().__init__()
+        self.name, self.dims = name, dict(dims)
+
+    def forward(self, x: torch.Tensor) -> None:
+        for axis, size in self.dims.items():
+            if x.dim() <= axis or x.shape[axis] != size:
+                raise ValueError(f"input {self.name!r} has shape {list(x.shape)}; the model declares size {size} "
+                                 f"for dimension {axis} (conversion relied on it)")
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, dims={self.dims}"

@@ -72,10 +72,10 @@ def test_two_layer_blob_folds_into_torch_modules(file):
     assert int(np.prod(blob.dims)) not in sizes
 
 
-@pytest.mark.xfail(strict=True, reason="mx2onnx slices W up to Mul(g*H, Shape(data)[2]): folding it needs shape "
-                                       "arithmetic on the dims known statically evaluated at conversion (not yet)")
 @pytest.mark.parametrize("file", ONE_LAYER)
 def test_one_layer_weights_fold(file):
+    """mx2onnx slices W up to Mul(g*H, Split(Shape(data))[2]): the input size is a dim the model declares static,
+    so the slicing is evaluated at conversion and the input's declared dims are checked at run time."""
     model, module, _ = _convert(file)
     assert_weights_are_parameters(module)
     assert_fast_path(module, model)
