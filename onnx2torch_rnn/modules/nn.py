@@ -220,8 +220,9 @@ def pool_geometry(auto_pad: str, ceil_mode: int, sizes: Sequence[int], kernel: S
             head = tail = 0
         else:
             head, tail = pads[i], pads[i + n]
-        span = float(size + head + tail - ((k - 1) * d + 1)) / s + 1
-        out = math.ceil(span) if ceil_mode else int(span)
+        # integer division, so sizes stay symbolic under torch.export (a window count below 0 is invalid anyway)
+        reach = size + head + tail - ((k - 1) * d + 1)
+        out = (-(-reach // s) if ceil_mode else reach // s) + 1
         if ceil_mode and (out - 1) * s >= size + head:
             out -= 1
         result.append((head, tail, out))
