@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+
+
+def attributes_repr(module: nn.Module, names: Sequence[str]) -> str:
+    """``extra_repr`` text listing the given attributes (the ONNX attributes a module was built with), skipping None."""
+    return ", ".join(f"{n}={getattr(module, n)!r}" for n in names if getattr(module, n) is not None)
 
 
 class Function(nn.Module):

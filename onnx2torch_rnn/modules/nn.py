@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .common import attributes_repr
+
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -29,10 +31,6 @@ def _trunc_div(a: int, b: int) -> int:
     """C++ integer division (truncates toward zero), as onnxruntime computes pads."""
     q = abs(a) // abs(b)
     return q if (a >= 0) == (b > 0) else -q
-
-
-def _repr(module: nn.Module, names: Sequence[str]) -> str:
-    return ", ".join(f"{n}={getattr(module, n)!r}" for n in names if getattr(module, n) is not None)
 
 
 # ----------------------------------------------------------------------------------------------- padding
@@ -92,7 +90,7 @@ class Pad(nn.Module):
         return pad(x, begins, ends, self.mode, value)
 
     def extra_repr(self) -> str:
-        return _repr(self, ["mode", "pads", "value", "axes"])
+        return attributes_repr(self, ["mode", "pads", "value", "axes"])
 
 
 def spatial_pad(pads_begin: Sequence[int], pads_end: Sequence[int], value: float = 0.0) -> Pad:
@@ -141,7 +139,7 @@ class Conv(nn.Module):
         return CONV[n](x, w, b, strides, padding, dilations, self.group)
 
     def extra_repr(self) -> str:
-        return _repr(self, ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
+        return attributes_repr(self, ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"])
 
 
 def conv_transpose_crop(auto_pad: str, sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
@@ -196,8 +194,8 @@ class ConvTranspose(nn.Module):
         return y if b is None else y + b.reshape(1, -1, *[1] * n)
 
     def extra_repr(self) -> str:
-        return _repr(self, ["auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape",
-                            "pads", "strides"])
+        return attributes_repr(self, ["auto_pad", "dilations", "group", "kernel_shape", "output_padding",
+                                      "output_shape", "pads", "strides"])
 
 
 # ----------------------------------------------------------------------------------------------- pooling
@@ -275,7 +273,7 @@ class _Pool(nn.Module):
         return y.reshape(*x.shape[:2], *y.shape[2:])
 
     def extra_repr(self) -> str:
-        return _repr(self, self.ATTRIBUTES + tuple(getattr(self, "EXTRA", ())))
+        return attributes_repr(self, self.ATTRIBUTES + tuple(getattr(self, "EXTRA", ())))
 
 
 class MaxPool(_Pool):
@@ -402,7 +400,7 @@ class BatchNormalization(nn.Module):
         return (x - mean) / torch.sqrt(var + self.epsilon) * scale + b
 
     def extra_repr(self) -> str:
-        return _repr(self, ["epsilon", "momentum", "spatial", "training_mode"])
+        return attributes_repr(self, ["epsilon", "momentum", "spatial", "training_mode"])
 
 
 class InstanceNormalization(nn.Module):
@@ -438,7 +436,7 @@ class LayerNormalization(nn.Module):
         return (y, mean, inv_std)[: self.outputs] if self.outputs > 1 else y
 
     def extra_repr(self) -> str:
-        return _repr(self, ["axis", "epsilon", "stash_type"])
+        return attributes_repr(self, ["axis", "epsilon", "stash_type"])
 
 
 class GroupNormalization(nn.Module):
@@ -456,7 +454,7 @@ class GroupNormalization(nn.Module):
         return y * _channel_view(scale, x.dim()) + _channel_view(bias, x.dim())
 
     def extra_repr(self) -> str:
-        return _repr(self, ["num_groups", "epsilon", "stash_type", "per_group"])
+        return attributes_repr(self, ["num_groups", "epsilon", "stash_type", "per_group"])
 
 
 class LRN(nn.Module):
@@ -474,7 +472,7 @@ class LRN(nn.Module):
         return x / (self.bias + self.alpha / self.size * window).pow(self.beta)
 
     def extra_repr(self) -> str:
-        return _repr(self, ["size", "alpha", "beta", "bias"])
+        return attributes_repr(self, ["size", "alpha", "beta", "bias"])
 
 
 class Dropout(nn.Module):
@@ -509,7 +507,7 @@ class Dropout(nn.Module):
         return y, (mask if self.bool_mask else mask.to(x.dtype))
 
     def extra_repr(self) -> str:
-        return _repr(self, ["ratio", "seed", "training_mode", "inference_mask"])
+        return attributes_repr(self, ["ratio", "seed", "training_mode", "inference_mask"])
 
 
 # ----------------------------------------------------------------------------------------------- rearrangement
@@ -570,7 +568,7 @@ class Gemm(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return _repr(self, ["alpha", "beta", "transA", "transB"])
+        return attributes_repr(self, ["alpha", "beta", "transA", "transB"])
 
 
 class Einsum(nn.Module):
@@ -777,4 +775,4 @@ class Resize(nn.Module):
         return taps.clamp(0, length_in - 1), weight
 
     def extra_repr(self) -> str:
-        return _repr(self, self.ATTRIBUTES)
+        return attributes_repr(self, self.ATTRIBUTES)

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from .common import attributes_repr
+
 
 def ints(static: Sequence[int] | None, tensor: torch.Tensor | list | None) -> list[int] | None:
     """The baked list of ints, or the run-time value's: a tensor, or ints from ``FromShapes`` (None for an absent
@@ -52,7 +54,7 @@ class _Attributes(nn.Module):
     _shown: tuple[str, ...] = ()
 
     def extra_repr(self) -> str:
-        return ", ".join(f"{k}={getattr(self, k)!r}" for k in self._shown if getattr(self, k) is not None)
+        return attributes_repr(self, self._shown)
 
 
 class Shape(_Attributes):
