@@ -134,15 +134,17 @@ class ConversionContext:
 
     def dtype(self, name: str | None) -> torch.dtype | None:
         """Static element type of a value when known."""
-        if self.is_constant(name):
-            return self.constant(name).dtype
+        value = self.constant(name)
+        if value is not None:
+            return value.dtype
         value_type = self.loaded.types.get(name)
         return torch_dtype(value_type.tensor_type.elem_type) if value_type else None
 
     def shape(self, name: str | None) -> list[int | str | None] | None:
         """Static shape when known: ints, symbolic dim names, or None for unknown dims; None if the rank is unknown."""
-        if self.is_constant(name):
-            return list(self.constant(name).shape)
+        value = self.constant(name)
+        if value is not None:
+            return list(value.shape)
         value_type = self.loaded.types.get(name)
         if value_type is None or not value_type.tensor_type.HasField("shape"):
             return None
@@ -289,27 +291,27 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
             _log(ctx, node, converter, None if foldable else result.module)
         if progress is not None:
             progress(index + 1, len(graph_proto.node))
-        for name in _reads(proto):
-            remaining[name] -= 1
-            if remaining[name] == 0:
-                ctx.release(name)
         if foldable:
             for name, tensor in _per_output(node, outputs):
                 ctx.set_constant(name, tensor)
-            continue
-        target = attribute_names(node.name)
-        root.add_module(target, result.module)
-        fx_node = graph.call_module(target, tuple(value(name) for name in result.inputs))
-        fx_node.meta["onnx"] = {"name": proto.name, "op_type": proto.op_type, "domain": node.domain,
-                                "version": version, "opset": ctx.opsets[domain]}
-        # the ONNX value of each call argument and of each output slot (None where absent), for debugging tools
-        fx_node.meta["onnx_values"] = {"inputs": tuple(result.inputs), "outputs": node.outputs}
-        if len(node.outputs) == 1:
-            outputs = fx_node
         else:
-            outputs = [graph.call_function(operator.getitem, (fx_node, i)) for i in range(len(node.outputs))]
-        for name, out in _per_output(node, outputs):
-            env[name] = out
+            target = attribute_names(node.name)
+            root.add_module(target, result.module)
+            fx_node = graph.call_module(target, tuple(value(name) for name in result.inputs))
+            fx_node.meta["onnx"] = {"name": proto.name, "op_type": proto.op_type, "domain": node.domain,
+                                    "version": version, "opset": ctx.opsets[domain]}
+            # the ONNX value of each call argument and of each output slot (None where absent), for debugging tools
+            fx_node.meta["onnx_values"] = {"inputs": tuple(result.inputs), "outputs": node.outputs}
+            if len(node.outputs) == 1:
+                outputs = fx_node
+            else:
+                outputs = [graph.call_function(operator.getitem, (fx_node, i)) for i in range(len(node.outputs))]
+            for name, out in _per_output(node, outputs):
+                env[name] = out
+        for name in _reads(proto):  # after value() above: it may still need a constant this node reads last
+            remaining[name] -= 1
+            if remaining[name] == 0:
+                ctx.release(name)
 
     if ctx.assumed_inputs:  # like onnxruntime, refuse inputs whose static dims differ from the declared ones
         with graph.inserting_after([n for n in graph.nodes if n.op == "placeholder"][-1]):

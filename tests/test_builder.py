@@ -156,3 +156,11 @@ def test_shape_arithmetic_on_symbolic_dims_stays_at_run_time():
     gm = onnx2torch_rnn.convert(model)
     assert "check_x" not in dict(gm.named_children()) and len(list(gm.children())) > 1
     torch.testing.assert_close(gm(torch.ones(2, 4)), torch.ones(2, 4) @ (torch.arange(12.0) / 10).reshape(4, 3))
+
+
+@pytest.mark.parametrize("order", [["w", "x"], ["x", "w"]])
+def test_a_large_weight_read_last_at_run_time_survives_its_release(order):
+    # Large constants are released after their last reader is converted; that reader still needs it as a parameter.
+    nodes = [helper.make_node("Add", order, ["y"])]
+    gm = check(make_model(nodes, [("x", np.float32, [2000])], ["y"], {"w": np.ones(2000, np.float32)}))
+    assert [name for name, _ in gm.named_parameters()] == ["w"]
