@@ -184,7 +184,8 @@ def celu(x, alpha):
 
 
 def gelu(x, approximate):
-    return F.gelu(x, approximate=approximate)
+    """F.gelu, except that +inf stays inf (torch's vectorised float32 erf path gives NaN there; onnxruntime inf)."""
+    return torch.where(x == torch.inf, x, F.gelu(x, approximate=approximate))
 
 
 def hard_sigmoid(x, alpha, beta):
