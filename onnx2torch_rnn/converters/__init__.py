@@ -1,3 +1,14 @@
 """Built-in converters, one module per op family; importing them registers them."""
 
-from . import control_flow, elementwise, linalg, nn, recurrent, reduce, sequence, shape  # noqa: F401
+from . import (  # noqa: F401
+    control_flow,
+    elementwise,
+    linalg,
+    nn,
+    onnxruntime_quantized,
+    quantized,
+    recurrent,
+    reduce,
+    sequence,
+    shape,
+)

@@ -1,0 +1,144 @@
+"""Quantized ops of onnxruntime's com.microsoft domain, as its quantization tool (and its graph optimizer) emit them.
+
+Exact to onnxruntime's CPU kernels, MLAS's x86 arithmetic included (see ``modules/quantized.py``). onnxruntime
+publishes no schemas for this domain: each converter reads exactly the attributes its kernel reads, with its
+defaults, and the builder refuses any other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..modules import quantized as q
+from ..node import Converted, OnnxNode
+from ..registry import register_converter
+from .quantized import QUANTIZED_TYPES, checked_type
+
+MS = "com.microsoft"
+BYTE_TYPES = (torch.int8, torch.uint8)
+
+
+def _check(node: OnnxNode, ctx, indices, allowed=BYTE_TYPES) -> None:
+    for index in indices:
+        checked_type(node, ctx, index, allowed)
+
+
+@register_converter("QuantizeLinear", 1, MS)
+def quantize_linear(node: OnnxNode, ctx) -> Converted:
+    """QuantizeLinear of the com.microsoft domain (the quantizer's 16-bit Q/DQ before opset 21): per tensor or per
+    axis, int8, uint8, int16, uint16; exact to onnxruntime, as the standard op."""
+    zero_point_type = checked_type(node, ctx, 2, name="y_zero_point")
+    return Converted(q.QuantizeLinear(axis=node.attr("axis", 1), output_dtype=zero_point_type or torch.uint8),
+                     node.inputs)
+
+
+@register_converter("DequantizeLinear", 1, MS)
+def dequantize_linear(node: OnnxNode, ctx) -> Converted:
+    """DequantizeLinear of the com.microsoft domain: per tensor or per axis, int8, uint8, int16, uint16, int32;
+    exact to onnxruntime, as the standard op."""
+    checked_type(node, ctx, 0, (*QUANTIZED_TYPES, torch.int32), "x")
+    return Converted(q.DequantizeLinear(axis=node.attr("axis", 1)), node.inputs)
+
+
+@register_converter("DynamicQuantizeMatMul", 1, MS)
+def dynamic_quantize_matmul(node: OnnxNode, ctx) -> Converted:
+    """Float A quantized to uint8 on the fly, times int8/uint8 B, scaled back to float, plus the optional bias.
+    Exact to onnxruntime.
+
+    As onnxruntime: A's scale and zero point over the whole tensor (as DynamicQuantizeLinear), the exact integer
+    product, then float32(acc) * (a_scale * b_scale) + bias, each step rounded to float32.
+    """
+    _check(node, ctx, (1, 3))
+    return Converted(q.DynamicQuantizeMatMul(), node.inputs)
+
+
+@register_converter("MatMulIntegerToFloat", 1, MS)
+def matmul_integer_to_float(node: OnnxNode, ctx) -> Converted:
+    """MatMulInteger fused with its scaling (onnxruntime's optimizer writes it): float32(acc) * (a_scale * b_scale)
+    + bias, each step rounded to float32; int8/uint8 operands. Exact to onnxruntime."""
+    _check(node, ctx, (0, 1, 4, 5))
+    return Converted(q.MatMulIntegerToFloat(), node.inputs)
+
+
+@register_converter("QLinearAdd", 1, MS)
+def qlinear_add(node: OnnxNode, ctx) -> Converted:
+    """Quantized element-wise addition with numpy broadcasting, int8/uint8. Exact to onnxruntime on the values
+    checked (see Details).
+
+    As MLAS's AVX2 kernel: with float32 ratios r_a = a_scale / c_scale and r_b = b_scale / c_scale,
+    c = saturate(round_half_even(fma(a, r_a, fma(b, r_b, c_zp - (r_a * a_zp + r_b * b_zp))))) on the raw values.
+    Other MLAS kernels (scalar operands, other instruction sets) order the same float32 steps differently; the
+    results can differ only where a value lands within a float32 rounding error of a half, which no check of
+    millions of random values has hit.
+    """
+    _check(node, ctx, (0, 2, 3, 5, 7))
+    return Converted(q.QLinearAdd(), node.inputs)
+
+
+@register_converter("QLinearMul", 1, MS)
+def qlinear_mul(node: OnnxNode, ctx) -> Converted:
+    """Quantized element-wise multiplication with numpy broadcasting, int8/uint8. Exact to onnxruntime.
+
+    As MLAS: c = saturate(round_half_even(float32(a - a_zp) * float32(b - b_zp) * (a_scale * b_scale / c_scale))
+    + c_zp), the ratio in float32 in that order.
+    """
+    _check(node, ctx, (0, 2, 3, 5, 7))
+    return Converted(q.QLinearMul(), node.inputs)
+
+
+@register_converter("QLinearSigmoid", 1, MS)
+def qlinear_sigmoid(node: OnnxNode, ctx) -> Converted:
+    """Quantized sigmoid through onnxruntime's 256-entry table, int8/uint8. Exact to onnxruntime.
+
+    The table is quantize(sigmoid(x_scale * (q - x_zp))) for every q, with the sigmoid of MLAS's FMA3 kernel
+    (Eigen's rational approximation, emulated step by step: fused multiply-adds rounded once).
+    """
+    _check(node, ctx, (0, 2, 4))
+    return Converted(q.QLinearLookup("Sigmoid"), node.inputs)
+
+
+@register_converter("QLinearLeakyRelu", 1, MS)
+def qlinear_leaky_relu(node: OnnxNode, ctx) -> Converted:
+    """Quantized LeakyRelu (alpha, default 0.01) through onnxruntime's 256-entry table, int8/uint8. Exact to
+    onnxruntime: quantize(v >= 0 ? v : alpha * v) of v = x_scale * (q - x_zp), in float32."""
+    _check(node, ctx, (0, 2, 4))
+    return Converted(q.QLinearLookup("LeakyRelu", float(node.attr("alpha", 0.01))), node.inputs)
+
+
+@register_converter("QLinearGlobalAveragePool", 1, MS)
+def qlinear_global_average_pool(node: OnnxNode, ctx) -> Converted:
+    """Quantized mean over the spatial axes (kept as size 1), NCHW or channels_last, int8/uint8. Exact to
+    onnxruntime.
+
+    As MLAS: the exact integer sum minus x_zp times the image size, times x_scale / (y_scale * size) in float32,
+    rounded half to even, plus y_zp, saturated.
+    """
+    _check(node, ctx, (0, 2, 4))
+    return Converted(q.QLinearGlobalAveragePool(node.attr("channels_last", 0)), node.inputs)
+
+
+@register_converter("QLinearConcat", 1, MS)
+def qlinear_concat(node: OnnxNode, ctx) -> Converted:
+    """Concat of quantized inputs (y_scale, y_zero_point, then one (x, scale, zero point) triple per input) along
+    axis; int8/uint8. Exact to onnxruntime: an input with y's scale and zero point is copied, any other requantized
+    as quantize(x_scale * (q - x_zp), y_scale, y_zp) in float32."""
+    if node.attr("axis", None) is None:
+        raise node.unsupported("axis", None, "QLinearConcat needs an axis")
+    if (len(node.inputs) - 2) % 3 or len(node.inputs) < 5:
+        raise node.unsupported("inputs", len(node.inputs), "expected y_scale, y_zero_point and (x, scale, zero "
+                               "point) triples")
+    return Converted(q.QLinearConcat(node.attr("axis")), node.inputs)
+
+
+@register_converter("QGemm", 1, MS)
+def qgemm(node: OnnxNode, ctx) -> Converted:
+    """Quantized Gemm (alpha, transA, transB): int32 C plus the exact integer product, scaled by alpha * a_scale *
+    b_scale (b per column or not) and requantized to y's scale and zero point, or float output without them.
+    Exact to onnxruntime.
+
+    As onnxruntime: the scale is computed in float32 in that order and divided by y_scale when given; the
+    accumulator is rounded to float32, multiplied, rounded half to even and saturated.
+    """
+    _check(node, ctx, (0, 2, 3, 5, 8))
+    module = q.QGemm(float(node.attr("alpha", 1.0)), node.attr("transA", 0), node.attr("transB", 0))
+    return Converted(module, node.inputs)

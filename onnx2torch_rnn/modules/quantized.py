@@ -1,0 +1,377 @@
+"""Quantized arithmetic as onnxruntime's CPU kernels compute it.
+
+Integer products are exact: operands minus their zero points are multiplied in float64, where every sum of
+int8/uint8/int16 products stays an exact integer (the int32 accumulator of onnxruntime, which would only wrap past
+2^31, i.e. for inner dimensions above 33,000 at full uint8 range). Float steps follow onnxruntime's order of
+operations in float32: ``float(acc) * (a_scale * b_scale / y_scale)``, then rounding half to even, then the zero
+point and saturation. Where MLAS fuses a multiply and an add (FMA), ``fma`` computes the product exactly in float64
+and rounds once more to float32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .common import attributes_repr
+from .nn import Conv
+
+
+def integer_range(dtype: torch.dtype) -> tuple[int, int]:
+    info = torch.iinfo(dtype)
+    return info.min, info.max
+
+
+def as_float(value: Tensor | None) -> Tensor | None:
+    """Integers or 16-bit floats as float32 (uint16 has few torch kernels: through int32)."""
+    if value is None:
+        return None
+    return value.to(torch.int32).float() if value.dtype == torch.uint16 else value.float()
+
+
+def saturate(value: Tensor, dtype: torch.dtype) -> Tensor:
+    """Float values that are already integral, clamped to ``dtype``'s range; NaN becomes the lowest value (what
+    MLAS's vector clamp gives)."""
+    low, high = integer_range(dtype)
+    return value.nan_to_num(nan=low).clamp(low, high).to(dtype)
+
+
+def quantize(x: Tensor, scale: Tensor, zero_point: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """saturate(round_half_even(x / scale) + zero_point), the division in float32 (MlasQuantizeLinear)."""
+    value = torch.round(x.float() / scale.float())
+    if zero_point is not None:
+        value = value + as_float(zero_point)
+    return saturate(value, dtype)
+
+
+def dequantize(q: Tensor, scale: Tensor, zero_point: Tensor | None) -> Tensor:
+    """float32((int32(q) - int32(zero_point))) * scale, in float32."""
+    q = q.to(torch.int32)
+    if zero_point is not None:
+        q = q - zero_point.to(torch.int32)
+    return q.float() * scale.float()
+
+
+def requantize(acc: Tensor, multiplier: Tensor, zero_point: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """An exact integer accumulator (any dtype) back to ``dtype``: round_half_even(float32(acc) * multiplier) +
+    zero_point, saturated (MlasRequantizeOutput)."""
+    value = torch.round(acc.float() * multiplier)
+    return saturate(value if zero_point is None else value + as_float(zero_point), dtype)
+
+
+def fma(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """float32(a * b + c) with one rounding, as an FMA instruction: the product of two float32 values is exact in
+    float64 (double rounding of the sum is possible but needs a 29-bit coincidence)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def shifted(q: Tensor, zero_point: Tensor | None) -> Tensor:
+    """q - zero_point in float64, exact for every integer type up to 32 bits."""
+    value = q.double()
+    return value if zero_point is None else value - zero_point.double()
+
+
+def per_axis(parameter: Tensor | None, x: Tensor, axis: int, block_size: int = 0) -> Tensor | None:
+    """A scale or zero point shaped to broadcast against ``x``: a single value as is, a 1-D per-axis tensor along
+    ``axis``, a blocked one (same rank as ``x``) repeated ``block_size`` times along ``axis`` and cut to x's size."""
+    if parameter is None:
+        return None
+    if block_size:
+        return parameter.repeat_interleave(block_size, dim=axis).narrow(axis, 0, x.shape[axis])
+    if parameter.numel() == 1:
+        return parameter.reshape(())
+    axis = axis % x.dim()
+    return parameter.reshape([-1 if d == axis else 1 for d in range(x.dim())])
+
+
+# ----------------------------------------------------------------------------------------------- standard ops
+
+class QuantizeLinear(nn.Module):
+    """ONNX QuantizeLinear: per tensor, per axis or blocked; integer outputs (float8 is refused by the converter)."""
+
+    def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype = torch.uint8):
+        super().__init__()
+        self.axis, self.block_size, self.output_dtype = axis, block_size, output_dtype
+
+    def forward(self, x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None) -> Tensor:
+        args = (x, self.axis, self.block_size)
+        return quantize(x, per_axis(y_scale, *args), per_axis(y_zero_point, *args), self.output_dtype)
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["axis", "block_size", "output_dtype"])
+
+
+class DequantizeLinear(nn.Module):
+    """ONNX DequantizeLinear: per tensor, per axis or blocked; float32 arithmetic, then the output type."""
+
+    def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.axis, self.block_size, self.output_dtype = axis, block_size, output_dtype
+
+    def forward(self, x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None) -> Tensor:
+        args = (x, self.axis, self.block_size)
+        value = dequantize(x, per_axis(x_scale, *args), per_axis(x_zero_point, *args))
+        return value.to(self.output_dtype or x_scale.dtype)
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["axis", "block_size", "output_dtype"])
+
+
+def dynamic_parameters(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(scale, zero point) of uint8 dynamic quantization over all of ``x``, as onnxruntime computes them: the range
+    [min(x, 0), max(x, 0)] over 255 steps in float32 (scale 1 for an all-zero range), the zero point
+    round_half_even(clamp(-min / scale, 0, 255))."""
+    if x.numel() == 0:
+        low = high = x.new_zeros((), dtype=torch.float32)
+    else:
+        low, high = torch.aminmax(x.float())
+        low, high = low.clamp(max=0), high.clamp(min=0)
+    scale = torch.where(high == low, torch.ones_like(high), (high - low) / 255)
+    zero_point = torch.round((0 - low / scale).clamp(0, 255))
+    return scale, zero_point.to(torch.uint8)
+
+
+class DynamicQuantizeLinear(nn.Module):
+    """ONNX DynamicQuantizeLinear: (y, y_scale, y_zero_point), uint8."""
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        scale, zero_point = dynamic_parameters(x)
+        return quantize(x, scale, zero_point, torch.uint8), scale, zero_point
+
+
+def _row_zero_point(zero_point: Tensor | None) -> Tensor | None:
+    """A's zero point: a scalar, or per row (an M-vector becomes a column)."""
+    if zero_point is None or zero_point.numel() == 1:
+        return None if zero_point is None else zero_point.reshape(())
+    return zero_point.unsqueeze(-1) if zero_point.dim() == 1 else zero_point
+
+
+def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_point: Tensor | None) -> Tensor:
+    """(a - a_zero_point) @ (b - b_zero_point), exact, as float64 (b's zero point scalar or per column)."""
+    return torch.matmul(shifted(a, _row_zero_point(a_zero_point)), shifted(b, b_zero_point))
+
+
+class MatMulInteger(nn.Module):
+    """ONNX MatMulInteger: the exact int32 product of the zero-point-shifted operands."""
+
+    def forward(self, a: Tensor, b: Tensor, a_zero_point: Tensor | None = None,
+                b_zero_point: Tensor | None = None) -> Tensor:
+        return integer_matmul(a, b, a_zero_point, b_zero_point).to(torch.int32)
+
+
+def _channel(parameter: Tensor | None, rank: int, axis: int = 1) -> Tensor | None:
+    """A per-output-channel parameter ([M] or a single value) shaped to broadcast along ``axis`` of a tensor of
+    ``rank`` dims (axis 1 of the output, axis 0 of the weight)."""
+    if parameter is None or parameter.numel() == 1:
+        return None if parameter is None else parameter.reshape(())
+    return parameter.reshape([-1 if d == axis else 1 for d in range(rank)])
+
+
+class ConvInteger(Conv):
+    """ONNX ConvInteger: exact int32 convolution of x - x_zero_point by w - w_zero_point (per output channel or
+    not); padding counts as x_zero_point, i.e. zero after the shift."""
+
+    def forward(self, x: Tensor, w: Tensor, x_zero_point: Tensor | None = None,
+                w_zero_point: Tensor | None = None) -> Tensor:
+        acc = super().forward(shifted(x, x_zero_point), shifted(w, _channel(w_zero_point, w.dim(), 0)))
+        return acc.to(torch.int32)
+
+
+class QLinearMatMul(nn.Module):
+    """ONNX QLinearMatMul: exact integer product, requantized with a_scale * b_scale / y_scale (float32)."""
+
+    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+        acc = integer_matmul(a, b, a_zero_point, b_zero_point)
+        multiplier = as_float(a_scale) * as_float(b_scale) / as_float(y_scale)
+        return requantize(acc, multiplier, y_zero_point, y_zero_point.dtype)
+
+
+class QLinearConv(Conv):
+    """ONNX QLinearConv: exact integer convolution plus the int32 bias, requantized per output channel with
+    x_scale * w_scale / y_scale (float32)."""
+
+    def forward(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None):
+        acc = super().forward(shifted(x, x_zero_point), shifted(w, _channel(w_zero_point, w.dim(), 0)))
+        if B is not None:
+            acc = acc + _channel(B.double(), acc.dim())
+        multiplier = _channel(as_float(x_scale) * as_float(w_scale) / as_float(y_scale), acc.dim())
+        return requantize(acc, multiplier, y_zero_point, y_zero_point.dtype)
+
+
+# ----------------------------------------------------------------------------------------------- com.microsoft ops
+
+def mlas_logistic(x: Tensor) -> Tensor:
+    """MlasComputeLogistic as its FMA3 kernel computes it (float32, x clamped to [-18, 18]): Eigen's rational
+    approximation p(x) / q(x) + 0.5 with fused multiply-adds, then max(0, .). NaN stays NaN."""
+    x = x.float()
+    clamped = torch.where(x.isnan(), x, x.clamp(-18.0, 18.0))
+    x2 = clamped * clamped
+    p = x2.new_full((), _LOGISTIC_P[0])
+    for coefficient in _LOGISTIC_P[1:]:
+        p = fma(x2, p, x2.new_full((), coefficient))
+    q = x2.new_full((), _LOGISTIC_Q[0])
+    for coefficient in _LOGISTIC_Q[1:]:
+        q = fma(x2, q, x2.new_full((), coefficient))
+    result = clamped * p / q + 0.5
+    return torch.where(result.isnan(), result, result.clamp(min=0.0))
+
+
+_LOGISTIC_P = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
+               2.48287947061529e-01)  # alpha_9 ... alpha_1
+_LOGISTIC_Q = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
+               1.16817656904453e-01, 9.93151921023180e-01)  # beta_10 ... beta_0
+
+
+def dynamic_matmul(a_float: Tensor, b: Tensor, b_zero_point: Tensor | None) -> tuple[Tensor, Tensor]:
+    """A quantized on the fly to uint8 (dynamic_parameters), times B: (exact integer product, a's scale)."""
+    scale, zero_point = dynamic_parameters(a_float)
+    a = quantize(a_float, scale, zero_point, torch.uint8)
+    return integer_matmul(a, b, zero_point, b_zero_point), scale
+
+
+def scale_bias(acc: Tensor, multiplier: Tensor, bias: Tensor | None) -> Tensor:
+    """float32(acc) * multiplier (+ bias), each step rounded to float32 (MLAS's scale-bias output processor)."""
+    value = acc.float() * multiplier
+    return value if bias is None else value + bias.float()
+
+
+class DynamicQuantizeMatMul(nn.Module):
+    """com.microsoft DynamicQuantizeMatMul: A quantized to uint8 over the whole tensor, integer product with B,
+    scaled by a_scale * b_scale (float32), plus the bias."""
+
+    def forward(self, a, b, b_scale, b_zero_point=None, bias=None):
+        acc, a_scale = dynamic_matmul(a, b, b_zero_point)
+        return scale_bias(acc, a_scale * b_scale.float(), bias)
+
+
+class MatMulIntegerToFloat(nn.Module):
+    """com.microsoft MatMulIntegerToFloat: integer product scaled by a_scale * b_scale (float32), plus the bias."""
+
+    def forward(self, a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None):
+        acc = integer_matmul(a, b, a_zero_point, b_zero_point)
+        return scale_bias(acc, a_scale.float() * b_scale.float(), bias)
+
+
+def convert_and_pack(value: Tensor, dtype: torch.dtype) -> Tensor:
+    """MLAS's vector conversion of a float to ``dtype``: cvtps2dq (round half to even; NaN and values past the int32
+    range give INT32_MIN), then saturating packs. Unlike a clamp in float, overflow lands on the lowest value."""
+    low = integer_range(dtype)[0]
+    overflow = value.isnan() | (value.abs() >= 2.0**31)
+    return saturate(torch.where(overflow, torch.full_like(value, low), torch.round(value)), dtype)
+
+
+class QLinearAdd(nn.Module):
+    """com.microsoft QLinearAdd as MLAS's AVX2 kernel computes it: with r_a = a_scale / c_scale and r_b = b_scale /
+    c_scale, c = convert(fma(a, r_a, fma(b, r_b, c_zp - (r_a * a_zp + r_b * b_zp)))) on the raw values."""
+
+    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
+        ratio_a, ratio_b = a_scale.float() / c_scale.float(), b_scale.float() / c_scale.float()
+        offset = (ratio_a * _zero(a_zero_point)) + (ratio_b * _zero(b_zero_point))
+        fixed = _zero(c_zero_point) - offset
+        return convert_and_pack(fma(a.float(), ratio_a, fma(b.float(), ratio_b, fixed)), a.dtype)
+
+
+class QLinearMul(nn.Module):
+    """com.microsoft QLinearMul as MLAS's SSE2 kernel computes it: c = convert(float32((a - a_zp) * (b - b_zp)) *
+    (a_scale * b_scale / c_scale) + c_zp), the zero point added in float32 before rounding."""
+
+    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
+        ratio = a_scale.float() * b_scale.float() / c_scale.float()
+        product = (a.float() - _zero(a_zero_point)) * (b.float() - _zero(b_zero_point))  # exact in float32
+        return convert_and_pack(product * ratio + _zero(c_zero_point), a.dtype)
+
+
+def _zero(zero_point: Tensor | None) -> Tensor | float:
+    """A zero point as float32 (exact for 8 and 16 bits), 0 when absent."""
+    return 0.0 if zero_point is None else as_float(zero_point)
+
+
+class QLinearLookup(nn.Module):
+    """com.microsoft QLinearSigmoid / QLinearLeakyRelu: onnxruntime's 256-entry table, built on each call from the
+    scales: y = quantize(f(x_scale * (q - x_zp))) for every q, then looked up."""
+
+    def __init__(self, function: str, alpha: float | None = None):
+        super().__init__()
+        self.function, self.alpha = function, alpha
+
+    def table(self, dtype, x_scale, x_zero_point, y_scale, y_zero_point) -> Tensor:
+        low, high = integer_range(dtype)
+        values = torch.arange(low, high + 1, device=x_scale.device, dtype=torch.int32)
+        x = (values - (0 if x_zero_point is None else x_zero_point.to(torch.int32))).float() * x_scale.float()
+        if self.function == "Sigmoid":
+            y = mlas_logistic(x)
+        else:
+            y = torch.where(x >= 0, x, torch.tensor(self.alpha, dtype=torch.float32) * x)
+        return quantize(y, y_scale, y_zero_point, dtype)
+
+    def forward(self, x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+        table = self.table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point)
+        return table[x.long() - integer_range(x.dtype)[0]]
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["function", "alpha"])
+
+
+class QLinearGlobalAveragePool(nn.Module):
+    """com.microsoft QLinearGlobalAveragePool as MLAS computes it: the integer sum over the image minus x_zp times
+    its size, times x_scale / (y_scale * size) in float32, rounded, plus y_zp, saturated."""
+
+    def __init__(self, channels_last: int = 0):
+        super().__init__()
+        self.channels_last = channels_last
+
+    def forward(self, x, x_scale, x_zero_point, y_scale, y_zero_point):
+        axes = list(range(1, x.dim() - 1)) if self.channels_last else list(range(2, x.dim()))
+        size = 1
+        for axis in axes:
+            size *= x.shape[axis]
+        acc = shifted(x, x_zero_point).sum(axes, keepdim=True)  # exact integers: sum(x) - size * x_zp
+        multiplier = x_scale.float() / (y_scale.float() * float(size))
+        return requantize(acc, multiplier, y_zero_point, x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"channels_last={self.channels_last}"
+
+
+class QLinearConcat(nn.Module):
+    """com.microsoft QLinearConcat: each input requantized to the output's scale and zero point through
+    onnxruntime's table, quantize(x_scale * (q - x_zp)), or copied when its scale and zero point are the output's."""
+
+    def __init__(self, axis: int):
+        super().__init__()
+        self.axis = axis
+
+    def forward(self, y_scale, y_zero_point, *tuples):
+        parts = []
+        for x, x_scale, x_zero_point in zip(tuples[::3], tuples[1::3], tuples[2::3], strict=True):
+            same = bool((x_scale == y_scale).all()) and bool((x_zero_point == y_zero_point).all())
+            parts.append(x if same else quantize(dequantize(x, x_scale, x_zero_point), y_scale, y_zero_point,
+                                                 x.dtype))
+        return torch.cat(parts, self.axis)
+
+    def extra_repr(self) -> str:
+        return f"axis={self.axis}"
+
+
+class QGemm(nn.Module):
+    """com.microsoft QGemm: int32 C plus the exact integer product of op(A) and op(B), scaled by alpha * a_scale *
+    b_scale (per column of B or not), divided by y_scale and requantized when y's zero point is given, else float."""
+
+    def __init__(self, alpha: float = 1.0, transA: int = 0, transB: int = 0):
+        super().__init__()
+        self.alpha, self.transA, self.transB = alpha, transA, transB
+
+    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None):
+        a, b = (a.t() if self.transA else a), (b.t() if self.transB else b)
+        acc = integer_matmul(a, b, a_zero_point, b_zero_point)
+        if c is not None:
+            acc = acc + c.double()
+        multiplier = torch.tensor(self.alpha, dtype=torch.float32) * a_scale.float() * b_scale.float()
+        if y_scale is not None:
+            multiplier = multiplier / y_scale.float()
+        if y_zero_point is None:
+            return scale_bias(acc, multiplier, None)
+        return requantize(acc, multiplier, y_zero_point, y_zero_point.dtype)
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["alpha", "transA", "transB"])

@@ -1,0 +1,228 @@
+"""onnxruntime's com.microsoft quantized ops against onnxruntime itself: every attribute, int8 and uint8, broadcasting,
+per-column parameters, optional inputs absent. Integer outputs must be equal (one step off fails)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.converters import test_quantized
+from tests.converters.test_quantized import single_node
+from tests.helpers import check, tensor_type
+
+RNG = np.random.default_rng(0)
+
+
+def integers(*args) -> np.ndarray:
+    return test_quantized.integers(*args, rng=RNG)  # this module's RNG, reseeded per test
+
+
+def floats(*args) -> np.ndarray:
+    return test_quantized.floats(*args, rng=RNG)
+MS = "com.microsoft"
+BYTES = [np.uint8, np.int8]
+
+
+def scalar(value, dtype=np.float32) -> np.ndarray:
+    return np.array(value, dtype)
+
+
+def _params(dtype, ties: bool) -> dict:
+    """Scales and zero points; with ``ties`` simple decimal scales, whose products often land near halves."""
+    info = np.iinfo(dtype)
+    scales = (0.1, 0.3, 0.2) if ties else RNG.uniform(0.01, 0.2, 3)
+    zero_points = [integers(dtype, (), info.min // 2, info.max // 2) for _ in range(3)]
+    return {"as": scalar(scales[0]), "az": zero_points[0], "bs": scalar(scales[1]), "bz": zero_points[1],
+            "cs": scalar(scales[2]), "cz": zero_points[2]}
+
+
+BROADCASTS = [((4, 64), (4, 64)), ((3, 5, 7), (7,)), ((6, 9), (6, 1)), ((50,), ()), ((), (33,)), ((1, 8), (5, 1))]
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("a_shape", "b_shape"), BROADCASTS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_qlinear_binary(op, dtype, a_shape, b_shape, ties):
+    values = _params(dtype, ties)
+    feeds = {"a": integers(dtype, a_shape), "b": integers(dtype, b_shape)}
+    shape = np.broadcast_shapes(a_shape, b_shape)
+    model, feeds = single_node(op, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], feeds, values, 17,
+                               outputs=[("c", tensor_type(dtype), shape)], domain=MS)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dtype", BYTES)
+def test_qlinear_binary_overflow(op, dtype):
+    """A result past the int32 range lands on the lowest value, as MLAS's float-to-int32 conversion gives it."""
+    info = np.iinfo(dtype)
+    values = {"as": scalar(3000.0), "az": integers(dtype, (), 0, 0), "bs": scalar(1.0), "bz": integers(dtype, (), 0, 0),
+              "cs": scalar(1e-4), "cz": integers(dtype, (), 0, 0)}
+    feeds = {"a": np.array([0, 1, 60, info.max, info.min], dtype), "b": np.array([0, 2, 1, 1, 1], dtype)}
+    model, feeds = single_node(op, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], feeds, values, 17,
+                               outputs=[("c", tensor_type(dtype), (5,))], domain=MS)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("case", range(6))
+def test_qlinear_lookup_every_value(op, dtype, case):
+    """All 256 inputs, under scales from tiny to large (the sigmoid saturates), zero points present or not."""
+    x_scale = [0.001, 0.02, 0.05, 0.1, 0.3, 0.0625][case]
+    y_scale = 1 / 256 if op == "QLinearSigmoid" and case % 2 else RNG.uniform(0.002, 0.05)
+    info = np.iinfo(dtype)
+    x = np.arange(info.min, info.max + 1).astype(dtype).reshape(4, 64)
+    values = {"xs": scalar(x_scale), "ys": scalar(y_scale)}
+    names = ["x", "xs", "", "ys", ""]
+    if case < 4:
+        values.update(xz=integers(dtype, ()), yz=integers(dtype, ()))
+        names = ["x", "xs", "xz", "ys", "yz"]
+    attributes = {"alpha": float(RNG.uniform(0.01, 0.5))} if op == "QLinearLeakyRelu" and case % 3 else {}
+    model, feeds = single_node(op, names, {"x": x}, values, 17, outputs=[("y", tensor_type(dtype), (4, 64))],
+                               domain=MS, **attributes)
+    check(model, feeds)
+
+
+# (x_scale, y_scale, x_zp, y_zp) where one table entry differs between the exact sigmoid and MLAS's approximation
+# (found by search): the converted table must be MLAS's.
+SIGMOID_SENSITIVE = [(0.03142225369811058, 0.00390625, 178, 30), (0.06981247663497925, 0.00390625, 57, 40),
+                     (0.1426064819097519, 0.00390625, 109, 10), (0.060019347816705704, 0.00390625, 51, 60),
+                     (0.047880854457616806, 0.0029669953510165215, 193, 24),
+                     (0.1692252904176712, 0.0005009089945815504, 160, 48)]
+
+
+@pytest.mark.parametrize(("x_scale", "y_scale", "x_zero_point", "y_zero_point"), SIGMOID_SENSITIVE)
+def test_qlinear_sigmoid_is_mlas_approximation(x_scale, y_scale, x_zero_point, y_zero_point):
+    values = {"xs": scalar(x_scale), "xz": scalar(x_zero_point, np.uint8), "ys": scalar(y_scale),
+              "yz": scalar(y_zero_point, np.uint8)}
+    model, feeds = single_node("QLinearSigmoid", ["x", "xs", "xz", "ys", "yz"],
+                               {"x": np.arange(256).astype(np.uint8).reshape(4, 64)}, values, 17,
+                               outputs=[("y", tensor_type(np.uint8), (4, 64))], domain=MS)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("shape", "channels_last"), [((2, 3, 5, 6), 0), ((1, 4, 7), 0), ((2, 5, 6, 3), 1),
+                                                      ((3, 16, 16, 40), 0), ((1, 9, 17), 1)])
+def test_qlinear_global_average_pool(dtype, shape, channels_last):
+    out = (shape[0], *([1] * (len(shape) - 2)), shape[-1]) if channels_last else (*shape[:2], *[1] * (len(shape) - 2))
+    values = {"xs": scalar(RNG.uniform(0.01, 0.1)), "xz": integers(dtype, ()), "ys": scalar(RNG.uniform(0.01, 0.05)),
+              "yz": integers(dtype, ())}
+    model, feeds = single_node("QLinearGlobalAveragePool", ["x", "xs", "xz", "ys", "yz"],
+                               {"x": integers(dtype, shape)}, values, 17, outputs=[("y", tensor_type(dtype), out)],
+                               domain=MS, channels_last=channels_last)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("shapes", "axis"), [([(2, 3, 4), (2, 5, 4)], 1), ([(3, 2), (3, 4), (3, 1)], -1),
+                                              ([(1, 4), (2, 4), (3, 4)], 0)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_qlinear_concat(dtype, shapes, axis, shared):
+    """``shared``: the first input has the output's scale and zero point (onnxruntime copies it)."""
+    values = {"ys": scalar(0.05), "yz": integers(dtype, ())}
+    feeds, names = {}, ["ys", "yz"]
+    for index, shape in enumerate(shapes):
+        feeds[f"x{index}"] = integers(dtype, shape)
+        same = shared and index == 0
+        values[f"s{index}"] = values["ys"] if same else scalar(RNG.uniform(0.01, 0.2))
+        values[f"z{index}"] = values["yz"] if same else integers(dtype, ())
+        names += [f"x{index}", f"s{index}", f"z{index}"]
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    model, feeds = single_node("QLinearConcat", names, feeds, values, 17,
+                               outputs=[("y", tensor_type(dtype), out)], domain=MS, axis=axis)
+    check(model, feeds)
+
+
+QGEMM_CASES = [  # (attributes, A shape, B shape, C shape or None)
+    ({}, (3, 8), (8, 5), (5,)),
+    ({"alpha": 0.5}, (3, 8), (8, 5), None),
+    ({"transA": 1}, (8, 3), (8, 5), (3, 5)),
+    ({"transB": 1}, (3, 8), (5, 8), (1, 5)),
+    ({"transA": 1, "transB": 1, "alpha": 2.0}, (8, 3), (5, 8), ()),
+    ({}, (4, 30), (30, 6), (4, 1)),
+]
+
+
+@pytest.mark.parametrize(("attributes", "a_shape", "b_shape", "c_shape"), QGEMM_CASES)
+@pytest.mark.parametrize("b_type", BYTES)
+@pytest.mark.parametrize("output", ["quantized", "float"])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qgemm(attributes, a_shape, b_shape, c_shape, b_type, output, per_column):
+    a_type = np.uint8 if b_type == np.uint8 else np.int8
+    n = b_shape[0] if attributes.get("transB") else b_shape[1]
+    m = a_shape[1] if attributes.get("transA") else a_shape[0]
+    columns = (n,) if per_column else ()
+    values = {"as": scalar(RNG.uniform(0.01, 0.05)), "az": integers(a_type, (), -10, 10),
+              "b": integers(b_type, b_shape), "bs": RNG.uniform(0.005, 0.05, columns).astype(np.float32),
+              "bz": np.zeros(columns, b_type) if b_type == np.int8 else integers(b_type, columns, 120, 135),
+              "ys": scalar(RNG.uniform(0.2, 0.8)), "yz": integers(a_type, ())}
+    names = ["a", "as", "az", "b", "bs", "bz", ""]
+    if c_shape is not None:
+        values["c"] = RNG.integers(-3000, 3000, c_shape).astype(np.int32)
+        names[-1] = "c"
+    names += ["ys", "yz"] if output == "quantized" else []
+    y_type = tensor_type(a_type) if output == "quantized" else tensor_type(np.float32)
+    model, feeds = single_node("QGemm", names, {"a": integers(a_type, a_shape)},
+                               {k: v for k, v in values.items() if k in names}, 17,
+                               outputs=[("y", y_type, (m, n))], domain=MS, **attributes)
+    check(model, feeds)
+
+
+MATMUL_SHAPES = [((3, 8), (8, 5)), ((2, 4, 16), (16, 3)), ((7,), (7, 2)), ((2, 3, 40), (40, 9))]
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), MATMUL_SHAPES)
+@pytest.mark.parametrize("b_type", BYTES)
+@pytest.mark.parametrize("optional", ["none", "zero_point", "bias", "both"])
+def test_dynamic_quantize_matmul(a_shape, b_shape, b_type, optional):
+    values = {"b": integers(b_type, b_shape), "bs": scalar(RNG.uniform(0.005, 0.05))}
+    names = ["a", "b", "bs", "", ""]
+    if optional in ("zero_point", "both"):
+        values["bz"] = integers(b_type, (), -3 if b_type == np.int8 else 120, 3 if b_type == np.int8 else 135)
+        names[3] = "bz"
+    if optional in ("bias", "both"):
+        values["bias"] = RNG.standard_normal(b_shape[-1]).astype(np.float32)
+        names[4] = "bias"
+    out = (*a_shape[:-1], b_shape[-1])
+    model, feeds = single_node("DynamicQuantizeMatMul", names, {"a": floats(a_shape, 0.01)}, values, 17,
+                               outputs=[("y", tensor_type(np.float32), out)], domain=MS)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), MATMUL_SHAPES)
+@pytest.mark.parametrize("b_type", BYTES)
+@pytest.mark.parametrize("optional", ["none", "zero_points", "bias"])
+def test_matmul_integer_to_float(a_shape, b_shape, b_type, optional):
+    values = {"b": integers(b_type, b_shape), "as": scalar(RNG.uniform(0.005, 0.05)),
+              "bs": scalar(RNG.uniform(0.005, 0.05))}
+    names = ["a", "b", "as", "bs"]
+    if optional == "zero_points":
+        values.update(az=integers(np.uint8, ()), bz=integers(b_type, ()))
+        names += ["az", "bz"]
+    if optional == "bias":
+        values["bias"] = RNG.standard_normal(b_shape[-1]).astype(np.float32)
+        names += ["", "", "bias"]
+    out = (*a_shape[:-1], b_shape[-1])
+    model, feeds = single_node("MatMulIntegerToFloat", names, {"a": integers(np.uint8, a_shape)}, values, 17,
+                               outputs=[("y", tensor_type(np.float32), out)], domain=MS)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.uint16, np.int16])
+@pytest.mark.parametrize("per_axis", [False, True])
+def test_microsoft_quantize_dequantize(dtype, per_axis):
+    shape = (3, 4, 5)
+    scale_shape = (4,) if per_axis else ()
+    info = np.iinfo(dtype)
+    values = {"s": RNG.uniform(0.01, 0.1, scale_shape).astype(np.float32),
+              "z": integers(dtype, scale_shape, info.min // 4 if info.min else 0, info.max // 4)}
+    model, feeds = single_node("QuantizeLinear", ["x", "s", "z"], {"x": floats(shape, 0.05)}, values, 17,
+                               outputs=[("y", tensor_type(dtype), shape)], domain=MS, axis=1)
+    check(model, feeds)
+    model, feeds = single_node("DequantizeLinear", ["x", "s", "z"], {"x": integers(dtype, shape)}, values, 17,
+                               outputs=[("y", tensor_type(np.float32), shape)], domain=MS, axis=1)
+    check(model, feeds)
