@@ -41,7 +41,7 @@ def _output_dtype(node: OnnxNode) -> torch.dtype | None:
         raise node.unsupported("output_dtype", onnx.TensorProto.DataType.Name(code), str(error)) from None
 
 
-@register_converter("QuantizeLinear", (10, 13, 19, 21, 23, 24, 25))
+@register_converter("QuantizeLinear", (10, 13, 19, 21, 23, 24, 25, 28))
 def quantize_linear(node: OnnxNode, ctx) -> Converted:
     """y = saturate(round_half_even(x / y_scale) + y_zero_point): per tensor, per axis (axis) and blocked
     (block_size); int8, uint8, int16, uint16 outputs. Exact to onnxruntime.
@@ -64,7 +64,7 @@ def quantize_linear(node: OnnxNode, ctx) -> Converted:
     return Converted(module, node.inputs)
 
 
-@register_converter("DequantizeLinear", (10, 13, 19, 21, 23, 24, 25))
+@register_converter("DequantizeLinear", (10, 13, 19, 21, 23, 24, 25, 28))
 def dequantize_linear(node: OnnxNode, ctx) -> Converted:
     """y = (x - x_zero_point) * x_scale: per tensor, per axis (axis) and blocked (block_size); int8, uint8, int16,
     uint16 and int32 inputs. Exact to onnxruntime.

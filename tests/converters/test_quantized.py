@@ -190,6 +190,19 @@ def test_dequantize_linear_output_dtype():
     check(model, feeds)
 
 
+@pytest.mark.parametrize("op", ["QuantizeLinear", "DequantizeLinear"])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16])
+def test_opset_28(op, dtype):
+    """onnxruntime stops at opset 25; opset 28 (float6 types added) is checked against onnx's reference evaluator."""
+    from tests.converters.test_nn import check_reference
+
+    values = _quantize_case(dtype, (3, 7), (3, 3), True)
+    x = values["x"] if op == "QuantizeLinear" else integers(dtype, (3, 7))
+    model, feeds = single_node(op, ["x", "s", "z"], {"x": x}, {"s": values["s"], "z": values["z"]}, 28, axis=-1,
+                               block_size=3)
+    check_reference(model, feeds)
+
+
 # ----------------------------------------------------------------------------------------------- DynamicQuantizeLinear
 
 @pytest.mark.parametrize(("shape", "kind"), [
@@ -240,10 +253,11 @@ def test_matmul_integer_per_column_b_zero_point(b_type):
     check(model, feeds)
 
 
-def test_matmul_integer_per_row_a_zero_point():
-    """Per-row zero points of A are in the spec; onnxruntime refuses them, so the check is numpy's."""
-    a, b = integers(np.uint8, (4, 6)), integers(np.uint8, (6, 3))
-    az, bz = integers(np.uint8, (4,)), integers(np.uint8, (3,))
+@pytest.mark.parametrize(("a_type", "b_type"), [(np.uint8, np.uint8), (np.int8, np.uint8)])
+def test_matmul_integer_beyond_onnxruntime(a_type, b_type):
+    """Per-row zero points of A and int8 x uint8 are in the spec; onnxruntime refuses them: numpy is the oracle."""
+    a, b = integers(a_type, (4, 6)), integers(b_type, (6, 3))
+    az, bz = integers(a_type, (4,)), integers(b_type, (3,))
     model, _ = single_node("MatMulInteger", ["a", "b", "az", "bz"], {"a": a, "b": b, "az": az,
                                                                                         "bz": bz}, {}, 10)
     got = onnx2torch_rnn.convert(model)(*(torch.from_numpy(v) for v in (a, b, az, bz)))
