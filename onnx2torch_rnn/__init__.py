@@ -42,12 +42,17 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None) -> fx.GraphModule:
+def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
+            dequantize: bool = False) -> fx.GraphModule:
     """Convert an ONNX model (path, serialized bytes or ``onnx.ModelProto``) to a ``torch.fx.GraphModule``.
 
     The module's forward takes the graph inputs in ONNX order (or by their sanitised names) and returns one tensor,
     or a tuple in ONNX output order when the graph has several outputs. ``base_dir`` is the folder that holds the
     external data of a model given as bytes or ModelProto.
+
+    A quantized model converts exactly (onnxruntime's integer arithmetic) by default; ``dequantize=True`` converts
+    the float model it approximates instead, for fine-tuning: quantized weights become float parameters, activations
+    are no longer quantized, quantized ops become float ops (DynamicQuantizeLSTM an ordinary LSTM).
     """
-    return build(load_model(model, base_dir))
+    return build(load_model(model, base_dir, dequantize=dequantize))
 

@@ -145,7 +145,7 @@ def check(args: argparse.Namespace) -> int:
 
     try:
         with _progress(args) as bar:
-            module = build(load_model(args.model), bar)
+            module = build(load_model(args.model, dequantize=args.dequantize), bar)
     except (Onnx2TorchError, FileNotFoundError) as error:
         print(f"cannot convert {args.model}: {error}", file=sys.stderr)
         return 2
@@ -159,13 +159,15 @@ def check(args: argparse.Namespace) -> int:
         print(f"input {name}: {value.dtype} {list(value.shape)}{span}")
     try:
         report = compare(args.model, inputs, rtol=args.rtol, atol=args.atol, module=module,
-                         bisect=True if args.bisect else None)
+                         bisect=False if args.dequantize else True if args.bisect else None)
     except Exception as error:
         if type(error).__module__.startswith("onnxruntime"):
             print(f"onnxruntime cannot run {args.model}: {error}", file=sys.stderr)
             return 2
         print(f"the converted module fails where onnxruntime runs: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
+    if args.dequantize:
+        return _dequantized_report(report)
     rows = [(o.name, str(list(o.shape)), o.dtype, f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
              "ok" if o.ok else f"MISMATCH {o.problem}".strip()) for o in report.outputs]
     _print_table(("output", "shape", "dtype", "max abs err", "max rel err", "status"), rows)
@@ -181,6 +183,19 @@ def check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _dequantized_report(report) -> int:
+    """check --dequantize: the float model's distance to onnxruntime's quantized outputs, which is expected to be
+    small and not zero (the quantized model rounds its weights' products and its activations; the float model does
+    not). Exit 0 unless shapes or types differ."""
+    rows = [(o.name, str(list(o.shape)), o.dtype, f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
+             o.problem or "dequantized") for o in report.outputs]
+    _print_table(("output", "shape", "dtype", "max abs diff", "max rel diff", "status"), rows)
+    worst = max((o.max_abs_error for o in report.outputs), default=0.0)
+    print(f"dequantized float model: max abs difference {worst:.3g} to onnxruntime's quantized outputs (a float "
+          "model does not round like the quantized one: small, not zero, is expected)")
+    return 1 if any(o.problem for o in report.outputs) else 0
+
+
 # ----------------------------------------------------------------------------------------------- convert
 
 def convert(args: argparse.Namespace) -> int:
@@ -192,7 +207,7 @@ def convert(args: argparse.Namespace) -> int:
     outdir = Path(args.output)
     try:
         with _progress(args) as bar:
-            module = codegen.write(args.model, outdir, force=args.force, progress=bar)
+            module = codegen.write(args.model, outdir, force=args.force, progress=bar, dequantize=args.dequantize)
     except FileExistsError as error:
         print(f"{error.args[0].replace('force=True (--force)', '--force')}", file=sys.stderr)
         return 2
@@ -255,6 +270,9 @@ def _input_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", "-v", action="store_true",
                    help="log each node: converter, module, fast/exact path of recurrent nodes")
+    p.add_argument("--dequantize", action="store_true",
+                   help="convert a quantized model to the float model it approximates (float weights, no quantized "
+                        "activations), for fine-tuning; check reports its distance to onnxruntime's quantized outputs")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -385,16 +385,17 @@ Submodules come from onnx2torch_rnn.modules (constructor arguments are the ONNX 
 
 # ----------------------------------------------------------------------------------------------- files
 
-def convert_recording(model: ModelSource, progress: Callable[[int, int], None] | None = None):
+def convert_recording(model: ModelSource, progress: Callable[[int, int], None] | None = None,
+                      dequantize: bool = False):
     """Convert ``model``, recording module constructor arguments: (GraphModule, records) for ``generate``."""
-    loaded = load_model(model)
+    loaded = load_model(model, dequantize=dequantize)
     with _recording() as records:
         module = build(loaded, progress)
     return module, records
 
 
 def write(model: ModelSource, outdir: str | os.PathLike, *, force: bool = False,
-          progress: Callable[[int, int], None] | None = None) -> fx.GraphModule:
+          progress: Callable[[int, int], None] | None = None, dequantize: bool = False) -> fx.GraphModule:
     """Convert ``model`` and write OUTDIR/model.py and OUTDIR/weights.pt; returns the converted module.
 
     An existing non-empty OUTDIR needs ``force`` (then only the files written here are replaced). The written code
@@ -403,7 +404,7 @@ def write(model: ModelSource, outdir: str | os.PathLike, *, force: bool = False,
     outdir = Path(outdir)
     if outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())) and not force:
         raise FileExistsError(f"{outdir} exists; pass force=True (--force) to overwrite it")
-    module, records = convert_recording(model, progress)
+    module, records = convert_recording(model, progress, dequantize)
     source = generate(module, records, Path(model).name if isinstance(model, str | os.PathLike) else "")
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / PROGRAM_FILE).unlink(missing_ok=True)  # a program from an earlier run would not match

@@ -78,10 +78,12 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                     yield from attribute.tensors
 
 
-def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None) -> LoadedModel:
+def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *,
+               dequantize: bool = False) -> LoadedModel:
     """Parse and validate a model from a path, serialized bytes or a ModelProto.
 
     ``base_dir`` is where external data lives for bytes/ModelProto sources (a path source uses its own folder).
+    ``dequantize`` rewrites a quantized graph into the float graph it approximates (see ``dequantize.py``).
     """
     if isinstance(source, onnx.ModelProto):
         proto = source
@@ -100,8 +102,12 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None) -
     for tensor in _tensors(proto.graph):
         if is_external(tensor):
             external_data_path(tensor, base_dir)  # raises for a missing file or a path outside the folder
+    if dequantize:
+        from .dequantize import dequantize_model
+
+        proto = dequantize_model(proto, base_dir)
     weights = {}
-    if not isinstance(source, onnx.ModelProto):  # our own parse: hold each weight once, as a tensor
+    if not isinstance(source, onnx.ModelProto) or dequantize:  # our own proto: hold each weight once, as a tensor
         proto, weights = _take_weights(proto)
     skeleton = _skeleton(proto)
     try:

@@ -219,3 +219,24 @@ def test_check_run_time_failures(tmp_path, capsys):
     with perturbed("Relu", "r", fn=broken):
         assert main(["check", str(tmp_path / "m.onnx")]) == 1
     assert "the converted module fails where onnxruntime runs: RuntimeError: boom" in capsys.readouterr().err
+
+
+QUANTIZED = Path(__file__).resolve().parent / "models" / "quantized" / "ts_crnn_op18_qop_u8s8.onnx"
+
+
+def test_check_dequantize_reports_the_distance_to_the_quantized_model(capsys):
+    assert main(["check", str(QUANTIZED), "--dim", "batch=2", "--dim", "width=6"]) == 0
+    assert "all outputs match onnxruntime" in capsys.readouterr().out
+    assert main(["check", str(QUANTIZED), "--dequantize", "--dim", "batch=2", "--dim", "width=6"]) == 0
+    out = capsys.readouterr().out
+    assert "dequantized float model: max abs difference" in out and "bisect" not in out
+    difference = float(out.split("max abs difference ")[1].split()[0])
+    assert 0 < difference < 0.1
+
+
+def test_convert_dequantize_writes_the_float_model(tmp_path, capsys):
+    assert main(["convert", str(QUANTIZED), "-o", str(tmp_path / "out"), "--dequantize"]) == 0
+    code = (tmp_path / "out" / "model.py").read_text()
+    assert "QLinear" not in code and "QuantizeLinear" not in code and "nn.Conv2d" in code
+    state = torch.load(tmp_path / "out" / "weights.pt")
+    assert all(t.is_floating_point() for name, t in state.items() if t.dim() > 1)

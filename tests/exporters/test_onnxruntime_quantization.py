@@ -1,0 +1,81 @@
+"""Models written by onnxruntime's quantization tool (tests/models/quantized, made by its make_models.py from the float
+exports in tests/models/torch and tests/models/keras): quantize_dynamic with per-tensor and per-channel int8/uint8
+weights with and without reduce_range, quantize_static in QDQ and QOperator formats (8- and 16-bit).
+
+Exact mode: every output matches onnxruntime on two input sets of the export's sizes and one of other sizes.
+dequantize=True: a float model whose weights all train and whose outputs stay within DEQUANTIZED_BOUND of
+onnxruntime's quantized outputs (relative to the largest output magnitude), on every input set for dynamic
+quantization and on the calibration inputs for static quantization: outside the calibrated ranges the quantized
+model saturates its activations and the float model does not (differences of several percent were measured there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import onnx2torch_rnn
+from onnx2torch_rnn.checking import run_onnxruntime, run_torch
+from tests.exporters.common import (
+    MODELS,
+    assert_trains,
+    assert_weights_are_parameters,
+    compare_with_onnxruntime,
+    manifest_input_sets,
+    read_manifest,
+)
+from tests.test_dequantize import assert_float_only
+
+FOLDER = MODELS / "quantized"
+MANIFEST = read_manifest(FOLDER)
+ENTRIES = MANIFEST["models"]
+IDS = [m["file"].removesuffix(".onnx") for m in ENTRIES]
+DEQUANTIZED_BOUND = 0.02  # max |float - onnxruntime int8| / max |onnxruntime int8|; 0.1 % to 1.1 % measured
+
+
+def input_sets(entry) -> list[dict]:
+    return manifest_input_sets(FOLDER, entry, entry["sizes"])
+
+
+def exact_entries():
+    """The models whose every op has an exact converter so far."""
+    return [pytest.param(m, id=i) for m, i in zip(ENTRIES, IDS, strict=True)
+            if "com.microsoft::DynamicQuantizeLSTM" not in m["emitted"]]
+
+
+@pytest.mark.parametrize("entry", exact_entries())
+def test_exact(entry):
+    model = onnx.load(FOLDER / entry["file"])
+    module = onnx2torch_rnn.convert(model)
+    for feeds in input_sets(entry):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
+def test_dequantized_trains_and_stays_close(entry):
+    model = onnx.load(FOLDER / entry["file"])
+    module = onnx2torch_rnn.convert(model, dequantize=True)
+    assert_float_only(module)
+    assert_weights_are_parameters(module)
+    sets = input_sets(entry)
+    calibrated = sets if entry["tool"].endswith("dynamic") else sets[:2]  # make_models calibrates on these
+    for feeds in calibrated:
+        expected, actual = run_onnxruntime(model, feeds), run_torch(module, model, feeds)
+        for want, got in zip(expected, actual, strict=True):
+            distance = np.abs(got - want).max() / np.abs(want).max()
+            assert distance <= DEQUANTIZED_BOUND, f"{distance:.3g} of the output's magnitude"
+            assert distance > 0  # a float model does not round like the quantized one
+    assert_trains(module.train(), model, sets[0])
+
+
+def test_model_set_covers_the_tool():
+    settings = [(m["tool"].rsplit("_", 1)[1], m["settings"]) for m in ENTRIES]
+    dynamic = {(s["per_channel"], s["weight_type"], s["reduce_range"]) for kind, s in settings if kind == "dynamic"}
+    assert len(dynamic) == 8  # per tensor / per channel x QInt8 / QUInt8 x reduce_range
+    formats = {(s["quant_format"], s["activation_type"]) for kind, s in settings if kind == "static"}
+    assert {("QDQ", "QUInt8"), ("QDQ", "QUInt16"), ("QOperator", "QUInt8"), ("QOperator", "QInt8")} <= formats
+    emitted = {op for m in ENTRIES for op in m["emitted"]}
+    assert {"com.microsoft::DynamicQuantizeLSTM", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
+            "com.microsoft::QGemm", "com.microsoft::QLinearAdd", "com.microsoft::QLinearConcat"} <= emitted
+    assert all(m["bytes"] < 32 * 1024 for m in ENTRIES)
