@@ -142,3 +142,57 @@ def qgemm(node: OnnxNode, ctx) -> Converted:
     _check(node, ctx, (0, 2, 3, 5, 8))
     module = q.QGemm(float(node.attr("alpha", 1.0)), node.attr("transA", 0), node.attr("transB", 0))
     return Converted(module, node.inputs)
+
+
+_LSTM_QUANTIZED = {"W": 1, "R": 2, "W_scale": 8, "W_zero_point": 9, "R_scale": 10, "R_zero_point": 11}
+
+
+@register_converter("DynamicQuantizeLSTM", 1, MS)
+def dynamic_quantize_lstm(node: OnnxNode, ctx) -> Converted:
+    """LSTM with int8/uint8 W [D, I, 4H] and R [D, H, 4H] (scales and zero points per direction, or per direction
+    and column), as onnxruntime computes it: bit-exact to its CPU kernel (checked on x86 with FMA3) for the
+    default activations.
+
+    - The shared LSTM loop (directions, sequence_lens, initial states, outputs) with onnxruntime's integer products:
+      X quantized to uint8 once over every step up to the longest sequence, the state once per step and direction
+      (rows that have ended count as zeros when Y is an output), exact integer products, float32(acc) *
+      (a_scale * w_scale), the state's product added to the input projection, then the fused bias Wb + Rb.
+    - Sigmoid and Tanh are MLAS's (Eigen's rational approximations with fused multiply-adds, emulated step by step),
+      as onnxruntime's gate loop computes them; a difference in their last bit could change a later quantization
+      step, so the plain torch functions would not do. Relu, HardSigmoid, Affine, LeakyRelu, ThresholdedRelu and
+      Softsign are bit-exact too. ScaledTanh, Elu and Softplus go through libm's tanh/exp in onnxruntime and
+      torch's here: a few float32 ulps apart (checked at rtol 1e-4, atol 1e-5).
+    - Attributes: hidden_size, direction (default forward), activations, activation_alpha / activation_beta (as
+      for LSTM), clip, input_forget. Inputs B, sequence_lens, initial_h, initial_c, P as for LSTM.
+    - Matches onnxruntime run with one intra-op thread: with more, onnxruntime quantizes the state of each thread's
+      block of batch rows separately, so its own results depend on the thread count. A row of length 0 while Y is
+      not an output makes onnxruntime read an uninitialised state into the other rows' quantization range; here it
+      counts as zero.
+    """
+    from ..modules.quantized import DynamicQuantizeLSTM
+    from ..modules.recurrent import InvalidAttribute
+
+    _check(node, ctx, (1, 2, 9, 11))
+    constants = {name: ctx.constant(node.input(index)) for name, index in _LSTM_QUANTIZED.items()}
+    lens = ctx.constant(node.input(4))
+    weights = {name: ctx.constant(node.input(index)) for name, index in (("B", 3), ("P", 7))}
+    runtime = tuple(k for k, i in (("B", 3), ("P", 7)) if node.input(i) is not None and weights[k] is None)
+    try:
+        module = DynamicQuantizeLSTM(
+            quantized=constants, hidden_size=node.attr("hidden_size", None),
+            direction=node.attr("direction", "forward"), activations=node.attr("activations", None),
+            activation_alpha=node.attr("activation_alpha", None), activation_beta=node.attr("activation_beta", None),
+            clip=node.attr("clip", None), input_forget=node.attr("input_forget", 0),
+            outputs=[name is not None for name in node.outputs], **weights,
+            sequence_lens=None if lens is None else lens.tolist(), runtime_weights=runtime)
+    except InvalidAttribute as error:
+        raise node.unsupported(error.attribute, error.value, error.reason) from None
+    inputs = [node.input(0), *(None if constants[k] is not None else node.input(i) for k, i in
+                                (("W", 1), ("R", 2))),
+              node.input(3) if "B" in runtime else None, None if lens is not None else node.input(4),
+              node.input(5), node.input(6), node.input(7) if "P" in runtime else None,
+              *(None if constants[k] is not None else node.input(_LSTM_QUANTIZED[k])
+                for k in ("W_scale", "W_zero_point", "R_scale", "R_zero_point"))]
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    return Converted(module, inputs)

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from .common import attributes_repr
 from .nn import Conv
+from .recurrent import Cell, Recurrent, recurrent
 
 
 def integer_range(dtype: torch.dtype) -> tuple[int, int]:
@@ -375,3 +376,139 @@ class QGemm(nn.Module):
 
     def extra_repr(self) -> str:
         return attributes_repr(self, ["alpha", "transA", "transB"])
+
+
+# ----------------------------------------------------------------------------------------------- DynamicQuantizeLSTM
+
+def mlas_tanh(x: Tensor) -> Tensor:
+    """MlasComputeTanh as its FMA3 kernel computes it (float32, x clamped to [-9, 9]): Eigen's rational
+    approximation x * p(x^2) / q(x^2) with fused multiply-adds. NaN stays NaN."""
+    x = x.float()
+    clamped = torch.where(x.isnan(), x, x.clamp(-9.0, 9.0))
+    x2 = clamped * clamped
+    p = x2.new_full((), _TANH_P[0])
+    for coefficient in _TANH_P[1:]:
+        p = fma(x2, p, x2.new_full((), coefficient))
+    q = x2.new_full((), _TANH_Q[0])
+    for coefficient in _TANH_Q[1:]:
+        q = fma(x2, q, x2.new_full((), coefficient))
+    return clamped * p / q
+
+
+_TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
+           1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)  # alpha_13 ... alpha_1
+_TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)  # beta_6 ... 0
+MLAS_ACTIVATIONS = {"Sigmoid": mlas_logistic, "Tanh": mlas_tanh}
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+class IntegerProducts:
+    """The two matrix products of onnxruntime's DynamicQuantizeLSTM, for the shared recurrent loop
+    (``modules.recurrent._exact_core``): each float operand is quantized to uint8 on the fly over the whole matrix
+    (the inputs of every step up to the longest sequence at once, the state once per step and direction), multiplied
+    exactly by the weights, and scaled back by float32(a_scale * w_scale) (per column or not). Like onnxruntime, the
+    weights' zero point is the first of each direction's, and rows that have ended feed zeros to the state's
+    quantization when Y is computed (their last state otherwise)."""
+
+    def __init__(self, w_scale: Tensor, w_zero_point: Tensor, r_scale: Tensor, r_zero_point: Tensor,
+                 ended_rows_are_zero: bool):
+        directions = w_scale.shape[0]
+        self.w_scale, self.r_scale = (s.float().reshape(directions, -1) for s in (w_scale, r_scale))
+        self.w_zero_point, self.r_zero_point = (z.reshape(directions, -1)[:, 0] for z in (w_zero_point, r_zero_point))
+        self.ended_rows_are_zero = ended_rows_are_zero
+
+    def project(self, xs: Tensor, W: Tensor, lens: Tensor | None) -> Tensor:
+        """xs [D, T, N, I] (reversed where a direction runs backwards), W [D, gH, I]: [D, T * N, gH]."""
+        directions, steps, batch, size = xs.shape
+        longest = steps if lens is None else int(lens.max())
+        scale, zero_point = dynamic_parameters(xs[0, :longest])  # reversing a row keeps its values: one range
+        x = quantize(xs, scale, zero_point, torch.uint8).reshape(directions, steps * batch, size)
+        return torch.stack([self._product(x[d], zero_point, W[d], self.w_zero_point[d], scale * self.w_scale[d])
+                            for d in range(directions)])
+
+    def bind(self, R: Tensor):
+        """The state's product for R [D, gH, H]: h [D, N, H] -> [D, N, gH]."""
+        def product(h: Tensor) -> Tensor:
+            results = []
+            for d in range(h.shape[0]):
+                scale, zero_point = dynamic_parameters(h[d])
+                hq = quantize(h[d], scale, zero_point, torch.uint8)
+                results.append(self._product(hq, zero_point, R[d], self.r_zero_point[d], scale * self.r_scale[d]))
+            return torch.stack(results)
+        return product
+
+    def state(self, h: Tensor, t: int, valid: Tensor | None) -> Tensor:
+        if valid is None or t == 0 or not self.ended_rows_are_zero:
+            return h
+        return torch.where(valid[t - 1], h, 0.0)
+
+    @staticmethod
+    def _product(a: Tensor, a_zero_point: Tensor, w: Tensor, w_zero_point: Tensor, multiplier: Tensor) -> Tensor:
+        """float32(int((a - a_zp) @ (w - w_zp)ᵀ)) * multiplier; w is [gH, K] (float values of integers)."""
+        return torch.matmul(shifted(a, a_zero_point), shifted(w, w_zero_point).t()).float() * multiplier
+
+
+def _activate(activations, x: Tensor) -> Tensor:
+    """One activation per direction (x is [D, ...]); MLAS's sigmoid and tanh as onnxruntime computes them."""
+    def one(act, value):
+        mlas = MLAS_ACTIVATIONS.get(act.name)
+        return mlas(value) if mlas is not None else act(value)
+    if all(a == activations[0] for a in activations):
+        return one(activations[0], x)
+    return torch.stack([one(act, x[d]) for d, act in enumerate(activations)])
+
+
+def quantized_lstm_step(cfg, x, h, c, product, bias, p):
+    """One LSTM step in onnxruntime's order on its quantized path (deep_cpu_lstm's gate loop): the state's product
+    added to the input projection, then per gate the peephole term, the fused bias Wb + Rb, the clip (FLT_MAX when
+    none) and the activation; C(t) = C(t-1) * f + i * g; H(t) = h(C(t)) * o."""
+    f_act, g_act, h_act = cfg.activations
+    limit = FLOAT32_MAX if cfg.clip is None else cfg.clip
+    i, o, f, g = (x + product(h)).chunk(4, -1)
+    b_i, b_o, b_f, b_c = (None,) * 4 if bias is None else bias.chunk(4, -1)
+    p_i, p_o, p_f = (None,) * 3 if p is None else p.chunk(3, -1)
+
+    def gate(value, peephole, state, gate_bias, act):
+        value = value if peephole is None else value + state * peephole
+        value = value if gate_bias is None else value + gate_bias
+        return _activate(act, value.clamp(-limit, limit))
+
+    i = gate(i, p_i, c, b_i, f_act)
+    f = 1 - i if cfg.input_forget else gate(f, p_f, c, b_f, f_act)
+    c = c * f + i * gate(g, None, None, b_c, g_act)
+    o = gate(o, p_o, c, b_o, f_act)
+    return _activate(h_act, c) * o, c
+
+
+QUANTIZED_LSTM_CELL = Cell("LSTM", "iofc", "ifco", True, ("Sigmoid", "Tanh", "Tanh"), quantized_lstm_step,
+                           lambda cfg: None)
+
+
+class DynamicQuantizeLSTM(Recurrent):
+    """com.microsoft DynamicQuantizeLSTM: the shared LSTM loop with onnxruntime's integer products and its order of
+    float operations. W [D, I, 4H] and R [D, H, 4H] (int8/uint8) with their scales and zero points (per direction,
+    or per direction and column) are buffers when constant, else inputs of ``forward``."""
+
+    cell = QUANTIZED_LSTM_CELL
+    QUANTIZED = ("W", "R", "W_scale", "W_zero_point", "R_scale", "R_zero_point")
+
+    def __init__(self, *, quantized: dict[str, Tensor | None], **attributes):
+        super().__init__(**attributes)
+        for name in self.QUANTIZED:
+            self.register_buffer(f"{name}_quantized" if name in ("W", "R") else name, quantized.get(name))
+
+    def forward(self, X, W=None, R=None, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
+                W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None):
+        given = {"W": W, "R": R, "W_scale": W_scale, "W_zero_point": W_zero_point, "R_scale": R_scale,
+                 "R_zero_point": R_zero_point}
+        own = {"W": self.W_quantized, "R": self.R_quantized, "W_scale": self.W_scale,
+               "W_zero_point": self.W_zero_point, "R_scale": self.R_scale, "R_zero_point": self.R_zero_point}
+        q = {name: own[name] if own[name] is not None else given[name] for name in self.QUANTIZED}
+        products = IntegerProducts(q["W_scale"], q["W_zero_point"], q["R_scale"], q["R_zero_point"],
+                                   ended_rows_are_zero=self.config.outputs[0])
+        lens = self.sequence_lens if sequence_lens is None else sequence_lens
+        B, P = (given if mine is None else mine for mine, given in ((self.B, B), (self.P, P)))
+        outputs = recurrent(self.cell, self.config, X, q["W"].transpose(1, 2), q["R"].transpose(1, 2), B, lens,
+                            initial_h, initial_c, P, products=products)
+        outputs = outputs[: self.num_outputs]
+        return outputs[0] if self.num_outputs == 1 else outputs

@@ -510,12 +510,14 @@ def _check_shape(name: str, tensor: Tensor | None, expected: tuple[int, ...]) ->
 def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: Tensor | None, B: Tensor | None = None,
               sequence_lens: Tensor | Sequence[int] | None = None, initial_h: Tensor | None = None,
               initial_c: Tensor | None = None, P: Tensor | None = None,
-              torch_weights: Sequence[Tensor] | None = None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+              torch_weights: Sequence[Tensor] | None = None,
+              products=None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """One recurrent node: (Y, Y_h, Y_c) in the ONNX layout and X's dtype; outputs not asked for are None.
 
     With ``torch_weights`` (the flat weights of an nn.LSTM/GRU/RNN, already reordered) the torch kernel computes the
     recurrence, else the exact cell loop on the ONNX-layout W, R, B, P. float16/bfloat16 are computed in float32 and
-    cast back, as onnxruntime would; float64 stays float64.
+    cast back, as onnxruntime would; float64 stays float64. ``products`` computes the loop's two matrix products
+    instead of torch (see ``_exact_core``; DynamicQuantizeLSTM's integer products).
     """
     compute = torch.float64 if X.dtype == torch.float64 else torch.float32
 
@@ -547,9 +549,10 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
     else:
         # Without autograd the inference loop runs (buffers written in place); with it, or while torch.jit traces
         # (which must record functional ops), the step functions.
-        inference = not torch.jit.is_tracing() and (not torch.is_grad_enabled() or not any(
+        inference = products is None and not torch.jit.is_tracing() and (not torch.is_grad_enabled() or not any(
             t is not None and t.requires_grad for t in (X, W, R, B, initial_h, initial_c, P)))
-        y, y_h, y_c = _exact_core(cell, cfg, x, *(prepare(t) for t in (W, R, B, P)), lens, h0, c0, inference)
+        y, y_h, y_c = _exact_core(cell, cfg, x, *(prepare(t) for t in (W, R, B, P)), lens, h0, c0, inference,
+                                  products)
 
     if lens is not None:  # Y is zero past each row's length; a row of length 0 ends in zero states (onnxruntime)
         if y is not None:
@@ -608,9 +611,14 @@ def _torch_core(cell, cfg, x, weights, lens, h0, c0):
     return y, states[0], states[1] if cell.has_cell_state else None
 
 
-def _exact_core(cell, cfg, x, W, R, B, P, lens, h0, c0, inference):
+def _exact_core(cell, cfg, x, W, R, B, P, lens, h0, c0, inference, products=None):
     """The own cell loop on ONNX-layout weights: without autograd the inference loop; with it the functional steps,
-    both directions batched. Returns Y [T, D, N, H] (None if not asked for), Y_h, Y_c."""
+    both directions batched. Returns Y [T, D, N, H] (None if not asked for), Y_h, Y_c.
+
+    ``products`` replaces torch's matrix products (DynamicQuantizeLSTM's integer ones): ``project(xs [D, T, N, I],
+    W, lens)`` gives the input projection of every step, ``bind(R)`` the ``rt`` that the cell's step multiplies the
+    state with, ``state(h, t, valid)`` the state as that product sees it. The biases are then added in the step,
+    after both products (onnxruntime's order on that path)."""
     if inference:
         return _inference_core(cell, cfg, x, W, R, B, P, lens, h0, c0)
     steps, batch, input_size = x.shape
@@ -621,7 +629,10 @@ def _exact_core(cell, cfg, x, W, R, B, P, lens, h0, c0, inference):
     xs = xs.reshape(directions, steps * batch, input_size)
     wt = W.transpose(1, 2)
     inner = None
-    if B is None:
+    if products is not None:
+        projection = products.project(xs.view(directions, steps, batch, input_size), W, lens)
+        inner = None if B is None else torch.add(*B.unsqueeze(1).chunk(2, -1))  # Wb + Rb
+    elif B is None:
         projection = torch.bmm(xs, wt)
     else:  # fold Wb and Rb into the one big matmul, except the Rb blocks that must stay inside the step
         wb, rb = B.unsqueeze(1).chunk(2, -1)
@@ -632,7 +643,7 @@ def _exact_core(cell, cfg, x, W, R, B, P, lens, h0, c0, inference):
         projection = torch.baddbmm(wb + rb, xs, wt)
     projection = projection.view(directions, steps, batch, -1)
 
-    rt = R.transpose(1, 2)
+    rt = R.transpose(1, 2) if products is None else products.bind(R)
     p = None if P is None else P.unsqueeze(1)
     h = x.new_zeros(directions, batch, hidden) if h0 is None else h0
     c = (x.new_zeros(directions, batch, hidden) if c0 is None else c0) if cell.has_cell_state else None
@@ -640,7 +651,8 @@ def _exact_core(cell, cfg, x, W, R, B, P, lens, h0, c0, inference):
     want_y = cfg.outputs[0]
     ys = []
     for t in range(steps):
-        h_new, c_new = cell.step(cfg, projection[:, t], h, c, rt, inner, p)
+        state = h if products is None else products.state(h, t, valid)
+        h_new, c_new = cell.step(cfg, projection[:, t], state, c, rt, inner, p)
         if valid is None:
             h, c = h_new, c_new
         else:  # finished rows keep their state (their Y is zeroed by the caller)

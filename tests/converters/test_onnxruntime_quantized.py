@@ -8,7 +8,7 @@ import pytest
 
 from tests.converters import test_quantized
 from tests.converters.test_quantized import single_node
-from tests.helpers import check, tensor_type
+from tests.helpers import check, helper, make_model, tensor_type
 
 RNG = np.random.default_rng(0)
 
@@ -226,3 +226,107 @@ def test_microsoft_quantize_dequantize(dtype, per_axis):
     model, feeds = single_node("DequantizeLinear", ["x", "s", "z"], {"x": integers(dtype, shape)}, values, 17,
                                outputs=[("y", tensor_type(np.float32), shape)], domain=MS, axis=1)
     check(model, feeds)
+
+
+# ----------------------------------------------------------------------------------------------- DynamicQuantizeLSTM
+
+def lstm_weights(w_type, directions: int, input_size: int, hidden: int, per_channel: bool) -> dict:
+    """W [D, I, 4H], R [D, H, 4H] and their parameters, as the quantizer lays them out (int8: zero points 0;
+    uint8: one zero point for everything, onnxruntime requires it)."""
+    shape = (directions, 4 * hidden) if per_channel else (directions,)
+    values = {}
+    for name, rows in (("W", input_size), ("R", hidden)):
+        values[name] = integers(w_type, (directions, rows, 4 * hidden))
+        values[f"{name}s"] = RNG.uniform(0.002, 0.03, shape).astype(np.float32)
+        values[f"{name}z"] = np.full(shape, 0 if w_type == np.int8 else 131, w_type)
+    return values
+
+
+def dqlstm_model(values, feeds, attributes, outputs=("y", "y_h", "y_c"), runtime=(), opset=17):
+    """A DynamicQuantizeLSTM node over x (and the optional inputs in ``values`` / ``feeds``)."""
+    names = ["x", "W", "R", "B", "lens", "h0", "c0", "P", "Ws", "Wz", "Rs", "Rz"]
+    present = {**values, **feeds}
+    inputs = [n if n in present else "" for n in names]
+    x = feeds["x"]
+    steps, batch = x.shape[:2]
+    d = values.get("W", feeds.get("W")).shape[0]
+    hidden = values.get("R", feeds.get("R")).shape[1]
+    shapes = {"y": (steps, d, batch, hidden), "y_h": (d, batch, hidden), "y_c": (d, batch, hidden)}
+    specs = [(o, np.float32, shapes[o]) if o else "" for o in outputs]
+    node_outputs = [o[0] if isinstance(o, tuple) else o for o in specs]
+    node = helper.make_node("DynamicQuantizeLSTM", inputs, node_outputs, domain=MS, **attributes)
+    graph_inputs = [(k, v.dtype, v.shape) for k, v in feeds.items()]
+    return make_model([node], graph_inputs, [s for s in specs if s], values, opset, {MS: 1})
+
+
+DQLSTM_CASES = [  # (attributes, optional inputs)
+    ({"hidden_size": 5}, ()),
+    ({"hidden_size": 5, "direction": "reverse"}, ("B",)),
+    ({"hidden_size": 4, "direction": "bidirectional"}, ("B", "h0", "c0")),
+    ({"hidden_size": 4, "direction": "bidirectional"}, ("B", "lens")),
+    ({"hidden_size": 3, "direction": "forward"}, ("B", "lens", "h0", "c0", "P")),
+    ({"hidden_size": 3, "direction": "bidirectional", "clip": 0.7}, ("B", "P")),
+    ({"hidden_size": 4, "input_forget": 1}, ("B", "h0")),
+    ({"hidden_size": 4, "direction": "bidirectional",
+      "activations": ["HardSigmoid", "Tanh", "Relu", "Sigmoid", "Softsign", "Tanh"],
+      "activation_alpha": [0.3, 0.1], "activation_beta": [0.4]}, ("B", "lens")),
+    ({"hidden_size": 6, "activations": ["Sigmoid", "ScaledTanh", "Elu"], "activation_alpha": [0.9, 0.5],
+      "activation_beta": [1.1]}, ("B",)),
+]
+LIBM = ("ScaledTanh", "Elu", "Softplus")  # onnxruntime computes these with libm's tanh/exp: not bit for bit
+
+
+def dqlstm_inputs(attributes, optional, w_type, per_channel, steps=6, batch=4, size=5, lens_kind="constant"):
+    d = 2 if attributes.get("direction") == "bidirectional" else 1
+    hidden = attributes["hidden_size"]
+    values = lstm_weights(w_type, d, size, hidden, per_channel)
+    feeds = {"x": (RNG.standard_normal((steps, batch, size)) * 1.5).astype(np.float32)}
+    if "B" in optional:
+        values["B"] = (RNG.standard_normal((d, 8 * hidden)) * 0.5).astype(np.float32)
+    if "P" in optional:
+        values["P"] = (RNG.standard_normal((d, 3 * hidden)) * 0.5).astype(np.float32)
+    for name in ("h0", "c0"):
+        if name in optional:
+            feeds[name] = RNG.standard_normal((d, batch, hidden)).astype(np.float32)
+    if "lens" in optional:
+        lens = RNG.integers(0, steps + 1, batch).astype(np.int32)
+        lens[0] = steps - 1
+        (values if lens_kind == "constant" else feeds)["lens"] = lens
+    return values, feeds
+
+
+@pytest.mark.parametrize(("attributes", "optional"), DQLSTM_CASES)
+@pytest.mark.parametrize("w_type", BYTES)
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_dynamic_quantize_lstm(attributes, optional, w_type, per_channel):
+    values, feeds = dqlstm_inputs(attributes, optional, w_type, per_channel)
+    libm = set(LIBM) & set(attributes.get("activations", []))
+    check(dqlstm_model(values, feeds, attributes), feeds, *((1e-4, 1e-5) if libm else (0, 0)))
+
+
+@pytest.mark.parametrize("outputs", [("y",), ("", "y_h"), ("", "", "y_c"), ("", "y_h", "y_c"), ("y", "y_h")])
+@pytest.mark.parametrize("lens_kind", ["constant", "runtime"])
+def test_dynamic_quantize_lstm_outputs_and_lengths(outputs, lens_kind):
+    """Rows that end early feed zeros to the state's quantization when Y is an output, their last state when not;
+    lengths baked in or given at run time (zero lengths and all rows shorter than X included)."""
+    attributes = {"hidden_size": 4, "direction": "bidirectional"}
+    values, feeds = dqlstm_inputs(attributes, ("B",), np.int8, False, steps=7, batch=5)
+    lens = np.array([5, 2, 5, 1, 3], np.int32)  # the longest is shorter than X: X's range stops there too
+    (values if lens_kind == "constant" else feeds)["lens"] = lens
+    check(dqlstm_model(values, feeds, attributes, outputs), feeds, rtol=0, atol=0)
+
+
+def test_dynamic_quantize_lstm_runtime_weights():
+    """Weights, scales and zero points given as graph inputs (onnxruntime does not prepack them then)."""
+    attributes = {"hidden_size": 3, "direction": "bidirectional"}
+    values, feeds = dqlstm_inputs(attributes, ("B",), np.uint8, True)
+    for name in ("W", "R", "Ws", "Rz"):
+        feeds[name] = values.pop(name)
+    check(dqlstm_model(values, feeds, attributes), feeds, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("steps", "batch"), [(1, 1), (9, 1), (3, 7), (12, 2)])
+def test_dynamic_quantize_lstm_shapes(steps, batch):
+    attributes = {"hidden_size": 8, "direction": "bidirectional"}
+    values, feeds = dqlstm_inputs(attributes, ("B",), np.int8, True, steps=steps, batch=batch, size=3)
+    check(dqlstm_model(values, feeds, attributes), feeds, rtol=0, atol=0)

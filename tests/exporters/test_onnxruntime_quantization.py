@@ -38,13 +38,7 @@ def input_sets(entry) -> list[dict]:
     return manifest_input_sets(FOLDER, entry, entry["sizes"])
 
 
-def exact_entries():
-    """The models whose every op has an exact converter so far."""
-    return [pytest.param(m, id=i) for m, i in zip(ENTRIES, IDS, strict=True)
-            if "com.microsoft::DynamicQuantizeLSTM" not in m["emitted"]]
-
-
-@pytest.mark.parametrize("entry", exact_entries())
+@pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
 def test_exact(entry):
     model = onnx.load(FOLDER / entry["file"])
     module = onnx2torch_rnn.convert(model)
