@@ -9,9 +9,9 @@ longer quantized, and every quantized op becomes its float op:
   QuantizeLinear's float input. Data-movement ops between them (Reshape, Transpose, MaxPool, Gather, ...) run on the
   float values instead, which commutes exactly with per-tensor quantization.
 - QLinearConv, QLinearMatMul, QGemm, QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
-  QLinearGlobalAveragePool, QLinearConcat: the float op on dequantized inputs (int32 biases scaled by
-  input scale * weight scale), followed by a QuantizeLinear that only stays where something still needs the
-  quantized value (e.g. a quantized graph output).
+  QLinearGlobalAveragePool, QLinearAveragePool, QLinearSoftmax, QLinearConcat: the float op on dequantized inputs
+  (int32 biases scaled by input scale * weight scale), followed by a QuantizeLinear that only stays where something
+  still needs the quantized value (e.g. a quantized graph output).
 - The dynamic-quantization pattern DynamicQuantizeLinear -> MatMulInteger/ConvInteger -> Cast -> Mul(scales):
   MatMul/Conv of the float input by the dequantized weight. DynamicQuantizeMatMul and MatMulIntegerToFloat: MatMul
   (+ Add bias). DynamicQuantizeLSTM: LSTM with dequantized W and R (back in ONNX layout).
@@ -34,10 +34,12 @@ from .node import attribute_value
 from .registry import normalize_domain
 from .tensors import to_torch
 
-# Ops that only move, select or take the maximum of values: DequantizeLinear (per tensor) commutes with them.
+# Ops that only move, select or take the maximum of values: DequantizeLinear (per tensor) commutes with them. Pad's
+# constant becomes the float value it stands for; Resize interpolates the float values (what its quantized form
+# approximates).
 MOVEMENT = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather",
                       "GatherElements", "GatherND", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "MaxPool",
-                      "ReduceMax", "ReduceMin", "Split"})
+                      "ReduceMax", "ReduceMin", "Split", "Pad", "Resize"})
 QUANTIZE_OPS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})
 Params = tuple[str | None, str | None, int]  # (scale, zero point, axis) of a quantized value
 
@@ -131,7 +133,8 @@ class _Rewriter:
                                      dequantize_values(q, per_axis(s, **dims), per_axis(z, **dims)))
         node = self.producer.get(value)
         if node is not None and node.op_type in MOVEMENT and node.input[0] and self.per_tensor(scale) and \
-                (node.op_type != "MaxPool" or len([o for o in node.output if o]) == 1):  # not its Indices
+                (node.op_type != "MaxPool" or len([o for o in node.output if o]) == 1) and \
+                (node.op_type != "Pad" or self.opset >= 11):  # not MaxPool's Indices, nor Pad's old float attribute
             return self.moved(node, params)[list(node.output).index(value)]
         output = self.fresh(f"{value}_float")
         self.emit("DequantizeLinear", [value, scale or "", zero_point or ""], [output], axis=axis)
@@ -147,9 +150,22 @@ class _Rewriter:
             moved.name = self.fresh(f"{node.name or node.op_type}_float")
             moved.input[:] = [source] + [self.alias.get(i, i) for i in node.input[1:]]
             moved.output[:] = [self.fresh(f"{o}_float") if o else "" for o in node.output]
+            if node.op_type == "Pad" and self.opset >= 11:
+                self.float_pad_value(moved, node, params)
             self.nodes.append(moved)
             self.memo[key] = list(moved.output)
         return self.memo[key]
+
+    def float_pad_value(self, moved: onnx.NodeProto, node: onnx.NodeProto, params: Params) -> None:
+        """A quantized Pad's constant (0 when absent) as the float value it stands for: (value - zp) * scale."""
+        scale, zero_point, _ = params
+        value = self.constant(_input(node, 2))
+        dtype = self.constant(zero_point).dtype if zero_point else torch.uint8
+        value = torch.zeros((), dtype=dtype) if value is None else value
+        float_value = dequantize_values(value, self.constant(scale), self.constant(zero_point))
+        while len(moved.input) < 3:
+            moved.input.append("")
+        moved.input[2] = self.add_constant(f"{node.output[0]}_pad_value", float_value.reshape(value.shape))
 
     def per_tensor(self, scale: str | None) -> bool:
         value = self.constant(scale)
@@ -377,6 +393,30 @@ def _qlinear_global_average_pool(r: _Rewriter, node) -> bool:
     return True
 
 
+def _qlinear_average_pool(r: _Rewriter, node) -> bool:
+    attributes = _attributes(node)
+    if attributes.pop("channels_last", 0):
+        return False
+    x = r.float_version(node.input[0], node.input[1], _input(node, 2))
+    out = r.fresh(f"{node.output[0]}_float")
+    r.emit("AveragePool", [x], [out], **attributes)
+    r.quantized_output(out, node.output[0], node.input[3], _input(node, 4))
+    return True
+
+
+def _qlinear_softmax(r: _Rewriter, node) -> bool:
+    """Softmax with the node's semantics; kept quantized where the graph's Softmax version has the other ones."""
+    attributes = _attributes(node)
+    semantics = attributes.pop("opset")
+    if (semantics >= 13) != (r.opset >= 13):
+        return False
+    x = r.float_version(node.input[0], node.input[1], _input(node, 2))
+    out = r.fresh(f"{node.output[0]}_float")
+    r.emit("Softmax", [x], [out], axis=attributes.get("axis", 1 if semantics < 13 else -1))
+    r.quantized_output(out, node.output[0], node.input[3], _input(node, 4))
+    return True
+
+
 def _qlinear_concat(r: _Rewriter, node) -> bool:
     inputs = list(node.input[2:])
     parts = [r.float_version(x, s, z or None) for x, s, z in zip(inputs[::3], inputs[1::3], inputs[2::3],
@@ -447,6 +487,8 @@ LOWERINGS: dict[tuple[str, str], Callable[[_Rewriter, onnx.NodeProto], bool]] = 
     ("com.microsoft", "QLinearLeakyRelu"): _activation("LeakyRelu", alpha=0.01),
     ("com.microsoft", "QLinearGlobalAveragePool"): _qlinear_global_average_pool,
     ("com.microsoft", "QLinearConcat"): _qlinear_concat,
+    ("com.microsoft", "QLinearAveragePool"): _qlinear_average_pool,
+    ("com.microsoft", "QLinearSoftmax"): _qlinear_softmax,
     ("com.microsoft", "DynamicQuantizeMatMul"): _dynamic_quantize_matmul,
     ("com.microsoft", "MatMulIntegerToFloat"): _matmul_integer_to_float,
     ("com.microsoft", "DynamicQuantizeLSTM"): _dynamic_quantize_lstm,

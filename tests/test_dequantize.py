@@ -155,6 +155,8 @@ def test_qlinear_binary(op):
 @pytest.mark.parametrize(("op", "float_op", "attributes"), [
     ("QLinearSigmoid", "Sigmoid", {}), ("QLinearLeakyRelu", "LeakyRelu", {"alpha": 0.2}),
     ("QLinearLeakyRelu", "LeakyRelu", {}), ("QLinearGlobalAveragePool", "GlobalAveragePool", {}),
+    ("QLinearAveragePool", "AveragePool", {"kernel_shape": [1], "pads": [0, 0]}),
+    ("QLinearSoftmax", "Softmax", {"axis": -1}),
 ])
 def test_qlinear_unary(op, float_op, attributes):
     """Between two QLinearMatMul (weights to train), so that only the op in the middle is new."""
@@ -163,7 +165,8 @@ def test_qlinear_unary(op, float_op, attributes):
     w2, w2s, w2z, w2f = quantized_weight(np.int8, (4, 1 if pool else 6, 3))
     (xs, xz), (hs, hz), (gs, gz), (ys, yz) = (activation() for _ in range(4))
     nodes = [helper.make_node("QLinearMatMul", ["xq", "xs", "xz", "w1", "w1s", "w1z", "hs", "hz"], ["hq"]),
-             helper.make_node(op, ["hq", "hs", "hz", "gs", "gz"], ["gq"], domain=MS, **attributes),
+             helper.make_node(op, ["hq", "hs", "hz", "gs", "gz"], ["gq"], domain=MS,
+                              **attributes, **({"opset": 13} if op == "QLinearSoftmax" else {})),
              helper.make_node("QLinearMatMul", ["gq", "gs", "gz", "w2", "w2s", "w2z", "ys", "yz"], ["yq"])]
     values = {"xs": xs, "xz": xz, "w1": w1, "w1s": w1s, "w1z": w1z, "hs": hs, "hz": hz, "gs": gs, "gz": gz,
               "w2": w2, "w2s": w2s, "w2z": w2z, "ys": ys, "yz": yz}
@@ -383,3 +386,26 @@ def test_a_body_reading_a_dequantized_value():
     for condition in (True, False):
         got = module(torch.from_numpy(x), torch.tensor(condition)).detach().numpy()
         np.testing.assert_allclose(got, x @ wf if condition else x, rtol=1e-5, atol=1e-6, strict=True)
+
+
+@pytest.mark.parametrize("constant", ["zero point", "absent"])
+def test_pad_and_resize_on_quantized_values(constant):
+    """QOperator graphs pad and resize uint8 values: the pad constant becomes the float value it stands for (the
+    zero point: 0.0; absent: 0, i.e. -zero_point * scale); nearest resizing selects values."""
+    xs, xz = activation()
+    pad_inputs = ["xq", "pads"] + (["xz"] if constant == "zero point" else [])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("Pad", pad_inputs, ["pq"], mode="constant"),
+             helper.make_node("Resize", ["pq", "", "scales"], ["rq"], mode="nearest"),
+             helper.make_node("DequantizeLinear", ["rq", "xs", "xz"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["y"])]
+    pads, scales = np.array([0, 1, 1, 0], np.int64), np.array([1.0, 2.0], np.float32)
+    w = RNG.standard_normal((8, 3)).astype(np.float32)
+    model = make_model(nodes, [("x", np.float32, (2, 3))], ["y"],
+                       {"xs": xs, "xz": xz, "pads": pads, "scales": scales, "w": w}, 17)
+    pad_value = np.float32(0.0) if constant == "zero point" else np.float32(-float(xz) * xs)
+    ref = reference([helper.make_node("Pad", ["x", "pads", "cv"], ["p"], mode="constant"),
+                     helper.make_node("Resize", ["p", "", "scales"], ["r"], mode="nearest"),
+                     helper.make_node("MatMul", ["r", "w"], ["y"])], (2, 3),
+                    {"pads": pads, "scales": scales, "w": w, "cv": np.array(pad_value, np.float32)})
+    check_dequantized(model, ref, {"x": RNG.standard_normal((2, 3)).astype(np.float32)})

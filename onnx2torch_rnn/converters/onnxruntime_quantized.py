@@ -117,6 +117,47 @@ def qlinear_global_average_pool(node: OnnxNode, ctx) -> Converted:
     return Converted(q.QLinearGlobalAveragePool(node.attr("channels_last", 0)), node.inputs)
 
 
+@register_converter("QLinearAveragePool", 1, MS)
+def qlinear_average_pool(node: OnnxNode, ctx) -> Converted:
+    """Quantized 1-D/2-D/3-D average pooling (kernel_shape, strides, pads, auto_pad, ceil_mode, count_include_pad,
+    channels_last), int8/uint8. Exact to onnxruntime.
+
+    As onnxruntime: the input dequantized in float32, each window summed tap by tap in row-major order, divided by
+    the taps inside the input (the whole kernel with count_include_pad), then saturate(round_half_even(y / y_scale +
+    y_zp)) with the zero point added before rounding. Geometry as AveragePool.
+    """
+    _check(node, ctx, (0, 2, 4))
+    kernel_shape = node.attr("kernel_shape", None)
+    if not kernel_shape or len(kernel_shape) not in (1, 2, 3):
+        raise node.unsupported("kernel_shape", kernel_shape, "1-D, 2-D or 3-D windows")
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise node.unsupported("auto_pad", auto_pad)
+    module = q.QLinearAveragePool(kernel_shape, count_include_pad=node.attr("count_include_pad", 0),
+                                  channels_last=node.attr("channels_last", 0), auto_pad=auto_pad,
+                                  ceil_mode=node.attr("ceil_mode", 0), pads=node.attr("pads", None),
+                                  strides=node.attr("strides", None))
+    return Converted(module, node.inputs)
+
+
+@register_converter("QLinearSoftmax", 1, MS)
+def qlinear_softmax(node: OnnxNode, ctx) -> Converted:
+    """Quantized softmax (axis, opset: the Softmax semantics, over the axes from axis on before 13, over axis from
+    13), int8/uint8. Exact to onnxruntime.
+
+    As onnxruntime: a 256-entry float32 table of exp((q - 255 + shift) * x_scale) computed in double with libm's exp
+    (shift keeps each row's sum below FLT_MAX), each row looked up relative to its maximum and summed in order in
+    float32, then saturate(round_half_even(table * floor(1 / y_scale) / sum) + y_zp). x's zero point does not
+    matter (softmax ignores shifts).
+    """
+    _check(node, ctx, (0, 2, 4))
+    opset = node.attr("opset", None)
+    if opset is None:
+        raise node.unsupported("opset", None, "QLinearSoftmax needs the opset of the Softmax it stands for")
+    axis = node.attr("axis", 1 if opset < 13 else -1)
+    return Converted(q.QLinearSoftmax(axis, opset), node.inputs)
+
+
 @register_converter("QLinearConcat", 1, MS)
 def qlinear_concat(node: OnnxNode, ctx) -> Converted:
     """Concat of quantized inputs (y_scale, y_zero_point, then one (x, scale, zero point) triple per input) along

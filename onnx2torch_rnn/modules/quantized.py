@@ -10,11 +10,15 @@ and rounds once more to float32.
 
 from __future__ import annotations
 
+import itertools
+import math
+
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .common import attributes_repr
-from .nn import Conv
+from .nn import AveragePool, Conv, _window_counts, pad
 from .recurrent import Cell, Recurrent, recurrent
 
 
@@ -332,6 +336,74 @@ class QLinearGlobalAveragePool(nn.Module):
 
     def extra_repr(self) -> str:
         return f"channels_last={self.channels_last}"
+
+
+class QLinearAveragePool(AveragePool):
+    """com.microsoft QLinearAveragePool as onnxruntime computes it: the input dequantized (float32), each window
+    summed tap by tap in row-major order, divided by its count (the whole kernel with count_include_pad), then
+    saturate(round_half_even(y / y_scale + y_zp)) (the zero point added before rounding)."""
+
+    EXTRA = ("count_include_pad", "channels_last")
+
+    def __init__(self, kernel_shape, count_include_pad=0, channels_last=0, **attributes):
+        super().__init__(kernel_shape, count_include_pad, **attributes)
+        self.channels_last = channels_last
+
+    def forward(self, x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+        dtype = x.dtype
+        if self.channels_last:
+            x = x.movedim(-1, 1)
+        geometry, strides, _, begins, ends = self._geometry(x)
+        padded = pad(dequantize(x, x_scale, x_zero_point), [0, 0, *begins], [0, 0, *ends])
+        total = None
+        for offsets in itertools.product(*(range(k) for k in self.kernel_shape)):  # onnxruntime's summation order
+            index = [slice(None), slice(None)] + [slice(o, o + (out - 1) * s + 1, s) for o, (_, _, out), s in
+                                                  zip(offsets, geometry, strides, strict=True)]
+            total = padded[tuple(index)] if total is None else total + padded[tuple(index)]
+        sizes = list(x.shape[2:])
+        if self.count_include_pad:
+            counts = torch.tensor(float(math.prod(self.kernel_shape)))
+        else:
+            counts = _window_counts(geometry, self.kernel_shape, strides, [1] * len(sizes), [0] * len(sizes), sizes,
+                                    x.device).float()
+        value = torch.round(total / counts / y_scale.float() + _zero(y_zero_point))
+        y = saturate(value, dtype)
+        return y.movedim(1, -1) if self.channels_last else y
+
+
+class QLinearSoftmax(nn.Module):
+    """com.microsoft QLinearSoftmax as onnxruntime computes it: a 256-entry float32 table exp((q - 255 + shift) *
+    x_scale) (in double, shift keeping the sum below FLT_MAX), each row looked up relative to its maximum and summed
+    in order in float32, then saturate(round_half_even(table * floor(1 / y_scale) / sum) + y_zp). ``opset`` < 13
+    reduces over all axes from ``axis`` on, 13 and later over ``axis`` only."""
+
+    def __init__(self, axis: int, opset: int):
+        super().__init__()
+        self.axis, self.opset = axis, opset
+
+    def table(self, x_scale: float, size: int, signed: bool) -> Tensor:
+        float_max = np.float32(np.finfo(np.float32).max)
+        shift = max(0.0, math.log(float(float_max / np.float32(size))) - 5) / x_scale
+        values = [math.exp((i - 255 + shift) * x_scale) for i in range(256)]
+        table = torch.tensor(values, dtype=torch.float64).float()
+        return torch.roll(table, -128) if signed else table  # the int8 table is indexed by uint8(q + 127 - max)
+
+    def forward(self, x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+        axis = self.axis % x.dim()
+        rows = x.movedim(axis, -1) if self.opset >= 13 else x.reshape(*x.shape[:axis], -1)
+        signed = x.dtype == torch.int8
+        table = self.table(float(x_scale.float()), rows.shape[-1], signed).to(x.device)
+        top = (255 if not signed else 127) - rows.amax(-1, keepdim=True).long()
+        values = table[(rows.long() + top) & 0xFF]
+        total = values[..., 0]
+        for k in range(1, values.shape[-1]):  # summed in order, in float32
+            total = total + values[..., k]
+        inverse = torch.floor(1 / y_scale.float())
+        y = saturate(torch.round(values * inverse / total[..., None]) + _zero(y_zero_point), x.dtype)
+        return y.movedim(-1, axis) if self.opset >= 13 else y.reshape(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"axis={self.axis}, opset={self.opset}"
 
 
 class QLinearConcat(nn.Module):

@@ -330,3 +330,52 @@ def test_dynamic_quantize_lstm_shapes(steps, batch):
     attributes = {"hidden_size": 8, "direction": "bidirectional"}
     values, feeds = dqlstm_inputs(attributes, ("B",), np.int8, True, steps=steps, batch=batch, size=3)
     check(dqlstm_model(values, feeds, attributes), feeds, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------------------- pooling and softmax
+
+POOL_CASES = [  # (attributes, x shape)
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, (2, 3, 6, 7)),
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 4, 5, 6)),
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}, (1, 4, 5, 6)),
+    ({"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}, (1, 2, 7, 8)),
+    ({"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]}, (1, 2, 7, 8)),
+    ({"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER"}, (1, 2, 5, 5)),
+    ({"kernel_shape": [3], "strides": [2], "pads": [1, 0]}, (2, 3, 9)),
+    ({"kernel_shape": [2, 2, 2]}, (1, 2, 4, 4, 3)),
+]
+
+
+@pytest.mark.parametrize(("attributes", "shape"), POOL_CASES)
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_average_pool(attributes, shape, dtype, channels_last):
+    import torch
+
+    from onnx2torch_rnn.modules.nn import AveragePool
+
+    float_shape = torch.Size(shape)
+    out = AveragePool(**{k: v for k, v in attributes.items()})(torch.zeros(float_shape)).shape
+    if channels_last:
+        shape, out = (shape[0], *shape[2:], shape[1]), (out[0], *out[2:], out[1])
+    values = {"xs": scalar(RNG.uniform(0.02, 0.1)), "xz": integers(dtype, ()), "ys": scalar(RNG.uniform(0.01, 0.05)),
+              "yz": integers(dtype, ())}
+    model, feeds = single_node("QLinearAveragePool", ["x", "xs", "xz", "ys", "yz"], {"x": integers(dtype, shape)},
+                               values, 17, outputs=[("y", tensor_type(dtype), tuple(out))], domain=MS,
+                               channels_last=channels_last, **attributes)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("shape", "axis", "opset"), [((4, 10), -1, 13), ((2, 3, 7), 1, 13), ((2, 3, 5), 1, 12),
+                                                      ((3, 40), 1, 11), ((2, 64, 3), -2, 13)])
+def test_qlinear_softmax(dtype, shape, axis, opset):
+    """The usual output parameters (1/256 with zero point 0 or -128) and others."""
+    for y_scale, y_zero_point in ((1 / 256, 0 if dtype == np.uint8 else -128), (0.007, 3)):
+        values = {"xs": scalar(RNG.uniform(0.02, 0.2)), "xz": integers(dtype, ()), "ys": scalar(y_scale),
+                  "yz": scalar(y_zero_point, dtype)}
+        node = helper.make_node("QLinearSoftmax", ["x", "xs", "xz", "ys", "yz"], ["y"], domain=MS, axis=axis,
+                                opset=opset)
+        feeds = {"x": integers(dtype, shape)}
+        model = make_model([node], [("x", dtype, shape)], [("y", dtype, shape)], values, 17, {MS: 1})
+        check(model, feeds)

@@ -38,12 +38,30 @@ def input_sets(entry) -> list[dict]:
     return manifest_input_sets(FOLDER, entry, entry["sizes"])
 
 
+def output_step(model: onnx.ModelProto) -> float | None:
+    """The quantization step of the graph's outputs (the scale of the DequantizeLinear that produces them), None
+    when a float op computes one of them."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    scales = {t.name: float(onnx.numpy_helper.to_array(t).max()) for t in model.graph.initializer}
+    nodes = [producers[o.name] for o in model.graph.output]
+    if not all(n.op_type == "DequantizeLinear" and n.input[1] in scales for n in nodes):
+        return None
+    return max(scales[n.input[1]] for n in nodes)
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
 def test_exact(entry):
+    """Bit for bit on every quantized op. In the QDQ format the float ops between a DequantizeLinear and the next
+    QuantizeLinear (Conv, pooling, ...) agree with onnxruntime's MLAS kernels only to float32 rounding, so a value
+    within that rounding of a quantization boundary can land one step away: the documented bound there is one
+    quantization step of a quantized output (the usual tolerance where float ops compute the outputs; no step
+    landed differently on these inputs)."""
     model = onnx.load(FOLDER / entry["file"])
     module = onnx2torch_rnn.convert(model)
+    step = output_step(model) if entry["settings"].get("quant_format") == "QDQ" else None
+    tolerance = {} if step is None else {"atol": step * (1 + 1e-6)}
     for feeds in input_sets(entry):
-        compare_with_onnxruntime(module, model, feeds)
+        compare_with_onnxruntime(module, model, feeds, **tolerance)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=IDS)
@@ -71,5 +89,8 @@ def test_model_set_covers_the_tool():
     assert {("QDQ", "QUInt8"), ("QDQ", "QUInt16"), ("QOperator", "QUInt8"), ("QOperator", "QInt8")} <= formats
     emitted = {op for m in ENTRIES for op in m["emitted"]}
     assert {"com.microsoft::DynamicQuantizeLSTM", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul",
-            "com.microsoft::QGemm", "com.microsoft::QLinearAdd", "com.microsoft::QLinearConcat"} <= emitted
+            "com.microsoft::QGemm", "com.microsoft::QLinearAdd", "com.microsoft::QLinearConcat",
+            "com.microsoft::QLinearMul", "com.microsoft::QLinearSigmoid", "com.microsoft::QLinearLeakyRelu",
+            "com.microsoft::QLinearAveragePool", "com.microsoft::QLinearGlobalAveragePool",
+            "com.microsoft::QLinearSoftmax"} <= emitted
     assert all(m["bytes"] < 32 * 1024 for m in ENTRIES)

@@ -1,7 +1,9 @@
 """Quantize small float test models with onnxruntime's quantization tool.
 
 Run ``python tests/models/quantized/make_models.py``.
-Sources are float exports committed in tests/models/torch and tests/models/keras. Each case runs
+Sources are float exports committed in tests/models/torch and tests/models/keras, and small_cnn.onnx, a float CNN
+written here with onnx.helper (Conv, LeakyRelu, AveragePool, Sigmoid, Mul, Add, Resize, Pad, MaxPool, Concat,
+GlobalAveragePool, Gemm, Softmax: the ops the tool has QOperator kernels for). Each case runs
 ``onnxruntime.quantization.quantize_dynamic`` or ``quantize_static`` (QDQ or QOperator format) with the settings
 listed below, writes ``<source>_<case>.onnx`` here and records the tool's version, the settings, the source's input
 description (for tests/models/... feeds) and the ops the tool emitted in manifest.json. Static quantization
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime
+from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
 HERE = Path(__file__).resolve().parent
@@ -60,7 +63,47 @@ CASES = [
     ("torch", "ts_audio_gru_op19.onnx", "qdq_u16s8", "static", {**QDQ, "activation_type": QuantType.QUInt16}),
     ("torch", "ts_seq2seq_op16.onnx", "qop_u8s8", "static", QOP),
     ("keras", "tf_keras_bi_lstm_concat.onnx", "qop_u8s8", "static", QOP),
+    ("quantized", "small_cnn.onnx", "qop_u8s8", "static", QOP),
+    ("quantized", "small_cnn.onnx", "qop_s8s8_pc", "static",
+     {**QOP, "activation_type": QuantType.QInt8, "per_channel": True}),
+    ("quantized", "small_cnn.onnx", "qdq_u8s8", "static", QDQ),
 ]
+SMALL_CNN = {"file": "small_cnn.onnx", "inputs": {"x": {"kind": "float", "dims": [1, 3, 16, 16]}}}
+
+
+def small_cnn() -> onnx.ModelProto:
+    """The float CNN source: one op of each kind the tool quantizes in CNNs, random weights (seeded)."""
+    rng = np.random.default_rng(0)
+    weights = {}
+
+    def weight(name: str, *shape: int) -> str:
+        weights[name] = (rng.standard_normal(shape) * 0.3).astype(np.float32)
+        return name
+
+    nodes = [
+        helper.make_node("Conv", ["x", weight("w1", 8, 3, 3, 3), weight("b1", 8)], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("LeakyRelu", ["c1"], ["l1"], alpha=0.1),
+        helper.make_node("AveragePool", ["l1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", weight("w2", 8, 8, 3, 3), weight("b2", 8)], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c2"], ["s2"]),
+        helper.make_node("Mul", ["s2", "p1"], ["m2"]),
+        helper.make_node("Add", ["m2", "p1"], ["a2"]),
+        helper.make_node("Resize", ["a2", "", "scales"], ["r2"], mode="nearest"),
+        helper.make_node("Pad", ["r2", "pads"], ["pd"], mode="constant"),
+        helper.make_node("MaxPool", ["pd"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Concat", ["mp", "mp"], ["cc"], axis=1),
+        helper.make_node("GlobalAveragePool", ["cc"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", weight("w3", 16, 5), weight("b3", 5)], ["o"]),
+        helper.make_node("Softmax", ["o"], ["y"], axis=-1),
+    ]
+    weights["scales"] = np.array([1, 1, 2, 2], np.float32)
+    weights["pads"] = np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)
+    graph = helper.make_graph(nodes, "small_cnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 class RandomInputs(CalibrationDataReader):
@@ -76,7 +119,7 @@ def _plain(settings: dict) -> dict:
 
 
 def quantize(folder: str, source: str, case: str, kind: str, settings: dict) -> dict:
-    manifest = read_manifest(MODELS / folder)
+    manifest = {"models": [SMALL_CNN], "sizes": {}} if source == SMALL_CNN["file"] else read_manifest(MODELS / folder)
     entry = next(m for m in manifest["models"] if m["file"] == source)
     target = HERE / f"{source.removesuffix('.onnx')}_{case}.onnx"
     if kind == "dynamic":
@@ -99,6 +142,7 @@ def quantize(folder: str, source: str, case: str, kind: str, settings: dict) -> 
 def main() -> None:
     logging.disable(logging.WARNING)  # the tool logs advice about pre-processing for every model
     np.random.seed(0)
+    onnx.save(small_cnn(), HERE / SMALL_CNN["file"])
     models = [quantize(*case) for case in CASES]
     manifest = {"generated_by": "tests/models/quantized/make_models.py",
                 "versions": {"onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
