@@ -265,15 +265,28 @@ def convert_and_pack(value: Tensor, dtype: torch.dtype) -> Tensor:
     return saturate(torch.where(overflow, torch.full_like(value, low), torch.round(value)), dtype)
 
 
+def _repeats_innermost(x: Tensor, shape: torch.Size) -> bool:
+    """Whether ``x`` is one value along the innermost axis of the broadcast ``shape`` while that axis is longer:
+    onnxruntime's broadcaster then hands MLAS spans in which x is a scalar."""
+    return len(shape) > 0 and shape[-1] > 1 and (x.dim() == 0 or x.shape[-1] == 1)
+
+
 class QLinearAdd(nn.Module):
-    """com.microsoft QLinearAdd as MLAS's AVX2 kernel computes it: with r_a = a_scale / c_scale and r_b = b_scale /
-    c_scale, c = convert(fma(a, r_a, fma(b, r_b, c_zp - (r_a * a_zp + r_b * b_zp)))) on the raw values."""
+    """com.microsoft QLinearAdd as MLAS's AVX2 kernel computes it, for the vector operand x and the other operand y
+    (a, unless a is a scalar within onnxruntime's broadcast spans): with r = scale / c_scale per operand,
+    f = c_zp - fma(r_x, x_zp, r_y * y_zp) and c = convert(fma(x, r_x, fma(y, r_y, f))) on the raw values."""
 
     def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
-        ratio_a, ratio_b = a_scale.float() / c_scale.float(), b_scale.float() / c_scale.float()
-        offset = (ratio_a * _zero(a_zero_point)) + (ratio_b * _zero(b_zero_point))
-        fixed = _zero(c_zero_point) - offset
-        return convert_and_pack(fma(a.float(), ratio_a, fma(b.float(), ratio_b, fixed)), a.dtype)
+        shape = torch.broadcast_shapes(a.shape, b.shape)
+        x, y = (a, a_scale, a_zero_point), (b, b_scale, b_zero_point)
+        if _repeats_innermost(a, shape) and not _repeats_innermost(b, shape):
+            x, y = y, x  # onnxruntime hands MLAS the vector first
+        (x, x_scale, x_zero_point), (y, y_scale, y_zero_point) = x, y
+        x_ratio, y_ratio = x_scale.float() / c_scale.float(), y_scale.float() / c_scale.float()
+        # the C++ expression r_x * x_zp + r_y * y_zp, as the release build's compiler contracts it
+        offset = fma(x_ratio, torch.as_tensor(_zero(x_zero_point)), y_ratio * _zero(y_zero_point))
+        value = fma(x.float(), x_ratio, fma(y.float(), y_ratio, _zero(c_zero_point) - offset))
+        return convert_and_pack(value.expand(shape), a.dtype)
 
 
 class QLinearMul(nn.Module):

@@ -52,6 +52,34 @@ def test_qlinear_binary(op, dtype, a_shape, b_shape, ties):
     check(model, feeds)
 
 
+# (dtype, (a_scale, a_zp, b_scale, b_zp, c_scale, c_zp)) for which some pair of values lands one float32 rounding
+# from a half, so that the order of float32 steps decides (found by search): which operand MLAS gets as the vector
+# and how the compiler contracted the zero-point term.
+QLINEAR_ADD_SENSITIVE = [
+    (np.uint8, (0.05, 80, 0.7, 34, 0.3, 5)), (np.uint8, (0.7, 77, 0.15, 92, 0.9, 69)),
+    (np.uint8, (0.9, 50, 0.15, 115, 0.9, 71)), (np.uint8, (0.2, 121, 0.15, 91, 0.7, 115)),
+    (np.int8, (0.05, 16, 0.7, -30, 0.3, -59)), (np.int8, (0.7, 13, 0.15, 28, 0.9, 5)),
+    (np.int8, (0.05, -18, 0.15, 42, 0.7, 0)), (np.int8, (0.05, -53, 0.05, -34, 0.9, 38)),
+]
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize(("dtype", "parameters"), QLINEAR_ADD_SENSITIVE)
+@pytest.mark.parametrize("layout", ["vectors", "a repeats", "b repeats"])
+def test_qlinear_binary_float_steps(op, dtype, parameters, layout):
+    """Every pair of values, as two full grids or with one operand repeated along the innermost axis."""
+    a_scale, a_zp, b_scale, b_zp, c_scale, c_zp = parameters
+    values = {"as": scalar(a_scale), "az": scalar(a_zp, dtype), "bs": scalar(b_scale), "bz": scalar(b_zp, dtype),
+              "cs": scalar(c_scale), "cz": scalar(c_zp, dtype)}
+    every = np.arange(np.iinfo(dtype).min, np.iinfo(dtype).max + 1).astype(dtype)
+    a, b = np.broadcast_arrays(every[:, None], every[None, :])
+    feeds = {"vectors": {"a": a.copy(), "b": b.copy()}, "a repeats": {"a": every[:, None], "b": b.copy()},
+             "b repeats": {"a": b.copy(), "b": every[:, None]}}[layout]
+    model, feeds = single_node(op, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], feeds, values, 17,
+                               outputs=[("c", tensor_type(dtype), (256, 256))], domain=MS)
+    check(model, feeds)
+
+
 @pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
 @pytest.mark.parametrize("dtype", BYTES)
 def test_qlinear_binary_overflow(op, dtype):
