@@ -354,3 +354,14 @@ def test_requantization_ties_round_to_even(op, types):
     model, feeds = single_node(op, ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], {"x": values.pop("x")}, values,
                                10)
     check(model, feeds)
+
+
+def test_conv_integer_per_channel_weight_zero_points():
+    """Per output channel zero points are in the spec; onnxruntime refuses them: onnx's reference evaluator is the
+    oracle."""
+    from tests.converters.test_nn import check_reference
+
+    values = {"w": integers(np.uint8, (4, 2, 3, 3)), "xz": integers(np.uint8, ()), "wz": integers(np.uint8, (4,))}
+    model, feeds = single_node("ConvInteger", ["x", "w", "xz", "wz"], {"x": integers(np.uint8, (1, 2, 5, 6))}, values,
+                               10, pads=[1, 0, 1, 2], strides=[1, 2])
+    check_reference(model, feeds, rtol=0, atol=0)
