@@ -122,14 +122,15 @@ class DequantizeLinear(nn.Module):
         return attributes_repr(self, ["axis", "block_size", "output_dtype"])
 
 
-def dynamic_parameters(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(scale, zero point) of uint8 dynamic quantization over all of ``x``, as onnxruntime computes them: the range
-    [min(x, 0), max(x, 0)] over 255 steps in float32 (scale 1 for an all-zero range), the zero point
-    round_half_even(clamp(-min / scale, 0, 255))."""
-    if x.numel() == 0:
-        low = high = x.new_zeros((), dtype=torch.float32)
+def dynamic_parameters(x: Tensor, leading: int = 0) -> tuple[Tensor, Tensor]:
+    """(scale, zero point) of uint8 dynamic quantization over all of ``x`` (over each slice of its first ``leading``
+    axes), as onnxruntime computes them: the range [min(x, 0), max(x, 0)] over 255 steps in float32 (scale 1 for an
+    all-zero range), the zero point round_half_even(clamp(-min / scale, 0, 255))."""
+    flat = x.float().reshape(*x.shape[:leading], -1)
+    if flat.shape[-1] == 0:
+        low = high = flat.new_zeros(flat.shape[:-1])
     else:
-        low, high = torch.aminmax(x.float())
+        low, high = torch.aminmax(flat, dim=-1)
         low, high = low.clamp(max=0), high.clamp(min=0)
     scale = torch.where(high == low, torch.ones_like(high), (high - low) / 255)
     zero_point = torch.round((0 - low / scale).clamp(0, 255))
@@ -205,25 +206,34 @@ class QLinearConv(Conv):
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops
 
+def _horner(x2: Tensor, coefficients: tuple[float, ...]) -> Tensor:
+    """c0 * x2^n + ... by Horner's rule with one fused multiply-add per step (float32 rounding once per step; the
+    float32 product is exact in float64)."""
+    x2 = x2.double()
+    value = torch.full_like(x2, coefficients[0], dtype=torch.float32)
+    for coefficient in coefficients[1:]:
+        value = (x2 * value + coefficient).float()
+    return value
+
+
 def mlas_logistic(x: Tensor) -> Tensor:
     """MlasComputeLogistic as its FMA3 kernel computes it (float32, x clamped to [-18, 18]): Eigen's rational
     approximation p(x) / q(x) + 0.5 with fused multiply-adds, then max(0, .). NaN stays NaN."""
     x = x.float()
     clamped = torch.where(x.isnan(), x, x.clamp(-18.0, 18.0))
     x2 = clamped * clamped
-    p = x2.new_full((), _LOGISTIC_P[0])
-    for coefficient in _LOGISTIC_P[1:]:
-        p = fma(x2, p, x2.new_full((), coefficient))
-    q = x2.new_full((), _LOGISTIC_Q[0])
-    for coefficient in _LOGISTIC_Q[1:]:
-        q = fma(x2, q, x2.new_full((), coefficient))
-    result = clamped * p / q + 0.5
+    result = clamped * _horner(x2, _LOGISTIC_P) / _horner(x2, _LOGISTIC_Q) + 0.5
     return torch.where(result.isnan(), result, result.clamp(min=0.0))
 
 
-_LOGISTIC_P = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
+def _float32(*values: float) -> tuple[float, ...]:
+    """The float32 constants of a C++ kernel, as Python floats."""
+    return tuple(float(np.float32(v)) for v in values)
+
+
+_LOGISTIC_P = _float32(4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
                2.48287947061529e-01)  # alpha_9 ... alpha_1
-_LOGISTIC_Q = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
+_LOGISTIC_Q = _float32(6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
                1.16817656904453e-01, 9.93151921023180e-01)  # beta_10 ... beta_0
 
 
@@ -471,18 +481,13 @@ def mlas_tanh(x: Tensor) -> Tensor:
     x = x.float()
     clamped = torch.where(x.isnan(), x, x.clamp(-9.0, 9.0))
     x2 = clamped * clamped
-    p = x2.new_full((), _TANH_P[0])
-    for coefficient in _TANH_P[1:]:
-        p = fma(x2, p, x2.new_full((), coefficient))
-    q = x2.new_full((), _TANH_Q[0])
-    for coefficient in _TANH_Q[1:]:
-        q = fma(x2, q, x2.new_full((), coefficient))
-    return clamped * p / q
+    return clamped * _horner(x2, _TANH_P) / _horner(x2, _TANH_Q)
 
 
-_TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
-           1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)  # alpha_13 ... alpha_1
-_TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)  # beta_6 ... 0
+_TANH_P = _float32(-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,  # alpha_13 ... alpha_1
+                   5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
+_TANH_Q = _float32(1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,  # beta_6 ... beta_0
+                   4.89352518554385e-03)
 MLAS_ACTIVATIONS = {"Sigmoid": mlas_logistic, "Tanh": mlas_tanh}
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -508,18 +513,16 @@ class IntegerProducts:
         longest = steps if lens is None else int(lens.max())
         scale, zero_point = dynamic_parameters(xs[0, :longest])  # reversing a row keeps its values: one range
         x = quantize(xs, scale, zero_point, torch.uint8).reshape(directions, steps * batch, size)
-        return torch.stack([self._product(x[d], zero_point, W[d], self.w_zero_point[d], scale * self.w_scale[d])
-                            for d in range(directions)])
+        return self._product(x, zero_point, self._weights(W, self.w_zero_point), scale * self.w_scale[:, None])
 
     def bind(self, R: Tensor):
-        """The state's product for R [D, gH, H]: h [D, N, H] -> [D, N, gH]."""
+        """The state's product for R [D, gH, H]: h [D, N, H] -> [D, N, gH], each direction quantized alone."""
+        weights = self._weights(R, self.r_zero_point)
+
         def product(h: Tensor) -> Tensor:
-            results = []
-            for d in range(h.shape[0]):
-                scale, zero_point = dynamic_parameters(h[d])
-                hq = quantize(h[d], scale, zero_point, torch.uint8)
-                results.append(self._product(hq, zero_point, R[d], self.r_zero_point[d], scale * self.r_scale[d]))
-            return torch.stack(results)
+            scale, zero_point = (v[:, None, None] for v in dynamic_parameters(h, leading=1))
+            hq = quantize(h, scale, zero_point, torch.uint8)
+            return self._product(hq, zero_point, weights, scale * self.r_scale[:, None])
         return product
 
     def state(self, h: Tensor, t: int, valid: Tensor | None) -> Tensor:
@@ -528,9 +531,14 @@ class IntegerProducts:
         return torch.where(valid[t - 1], h, 0.0)
 
     @staticmethod
-    def _product(a: Tensor, a_zero_point: Tensor, w: Tensor, w_zero_point: Tensor, multiplier: Tensor) -> Tensor:
-        """float32(int((a - a_zp) @ (w - w_zp)ᵀ)) * multiplier; w is [gH, K] (float values of integers)."""
-        return torch.matmul(shifted(a, a_zero_point), shifted(w, w_zero_point).t()).float() * multiplier
+    def _weights(w: Tensor, zero_point: Tensor) -> Tensor:
+        """(w - w_zp)ᵀ per direction, [D, K, gH] in float64 (w holds the float values of integers)."""
+        return shifted(w, zero_point[:, None, None]).transpose(1, 2)
+
+    @staticmethod
+    def _product(a: Tensor, a_zero_point: Tensor, weights: Tensor, multiplier: Tensor) -> Tensor:
+        """float32(int((a - a_zp) @ weights)) * multiplier, batched over directions."""
+        return torch.matmul(shifted(a, a_zero_point), weights).float() * multiplier
 
 
 def _activate(activations, x: Tensor) -> Tensor:
@@ -546,12 +554,27 @@ def _activate(activations, x: Tensor) -> Tensor:
 def quantized_lstm_step(cfg, x, h, c, product, bias, p):
     """One LSTM step in onnxruntime's order on its quantized path (deep_cpu_lstm's gate loop): the state's product
     added to the input projection, then per gate the peephole term, the fused bias Wb + Rb, the clip (FLT_MAX when
-    none) and the activation; C(t) = C(t-1) * f + i * g; H(t) = h(C(t)) * o."""
+    none) and the activation; C(t) = C(t-1) * f + i * g; H(t) = h(C(t)) * o. Without peepholes the gates i, o, f
+    (adjacent in ONNX order) share one activation call: element-wise, the same numbers."""
     f_act, g_act, h_act = cfg.activations
     limit = FLOAT32_MAX if cfg.clip is None else cfg.clip
-    i, o, f, g = (x + product(h)).chunk(4, -1)
+    gates = x + product(h)
+    if p is not None:
+        return _peephole_step(cfg, gates, c, bias, p, limit)
+    gates = (gates if bias is None else gates + bias).clamp(-limit, limit)
+    split = 3 * h.shape[-1]
+    i, o, f = _activate(f_act, gates[..., :split]).chunk(3, -1)
+    f = 1 - i if cfg.input_forget else f
+    c = c * f + i * _activate(g_act, gates[..., split:])
+    return _activate(h_act, c) * o, c
+
+
+def _peephole_step(cfg, gates, c, bias, p, limit):
+    """The step with peepholes: the i and f terms read C(t-1), the o term C(t), each added before the bias."""
+    f_act, g_act, h_act = cfg.activations
+    i, o, f, g = gates.chunk(4, -1)
     b_i, b_o, b_f, b_c = (None,) * 4 if bias is None else bias.chunk(4, -1)
-    p_i, p_o, p_f = (None,) * 3 if p is None else p.chunk(3, -1)
+    p_i, p_o, p_f = p.chunk(3, -1)
 
     def gate(value, peephole, state, gate_bias, act):
         value = value if peephole is None else value + state * peephole

@@ -31,7 +31,7 @@ FOLDER = MODELS / "quantized"
 MANIFEST = read_manifest(FOLDER)
 ENTRIES = MANIFEST["models"]
 IDS = [m["file"].removesuffix(".onnx") for m in ENTRIES]
-DEQUANTIZED_BOUND = 0.02  # max |float - onnxruntime int8| / max |onnxruntime int8|; 0.1 % to 1.1 % measured
+DEQUANTIZED_BOUND = 0.02  # max |float - onnxruntime int8| / max |onnxruntime int8|; 0.1 % to 1.2 % measured
 
 
 def input_sets(entry) -> list[dict]:
