@@ -21,8 +21,8 @@ from .errors import (
     UnsupportedOperatorError,
 )
 from .loading import ModelSource, load_model
-from .modules.recurrent_op import onnx_translation_table
 from .node import Converted, OnnxNode
+from .recurrent import onnx_translation_table
 from .registry import register_converter
 
 __all__ = [

@@ -1,6 +1,6 @@
 """torch.compile(fullgraph=True) of converted recurrent models: one graph, matches eager, few recompiles.
 
-The recurrence is one custom op (onnx2torch_rnn/modules/recurrent_op.py), so Dynamo never graph-breaks on it and
+The recurrence is one custom op (onnx2torch_rnn/recurrent/op.py), so Dynamo never graph-breaks on it and
 dynamic batch / sequence length need at most one recompile. By default the tests compile with the ``aot_eager``
 backend (Dynamo + AOTAutograd with the op's fake and autograd implementations: everything that is ours) for the
 SUBSET of cases; the full matrix and more shapes run with ``-m slow``. One test runs the default inductor backend
@@ -114,7 +114,7 @@ def test_inductor_compiles_the_bundled_example():
 
 
 def test_compile_after_export_deepcopy_and_to():
-    """The compiled path reads the nn.LSTM's weights without the module (modules.recurrent_op.FastWeights): that
+    """The compiled path reads the nn.LSTM's weights without the module (recurrent.module.FastWeights): that
     view must survive torch.export's attribute snapshot, deepcopy and .to(dtype)."""
     gm = convert("LSTM", "bidirectional", "fast", lens=True)
     args = inputs(3, 6, True)

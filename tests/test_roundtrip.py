@@ -20,7 +20,7 @@ import torch
 from torch.export import Dim
 
 import onnx2torch_rnn
-from onnx2torch_rnn.modules.recurrent_op import onnx_translation_table
+from onnx2torch_rnn.recurrent import onnx_translation_table
 from tests.recurrent_models import MATRIX, SUBSET, assert_same, convert, inputs, matrix, states
 from tests.shape_patterns import PATTERNS, pattern_model, x_of
 

@@ -212,7 +212,7 @@ def dynamic_quantize_lstm(node: OnnxNode, ctx) -> Converted:
       counts as zero.
     """
     from ..modules.quantized import DynamicQuantizeLSTM
-    from ..modules.recurrent import InvalidAttribute
+    from ..recurrent import InvalidAttribute
 
     _check(node, ctx, (1, 2, 9, 11))
     constants = {name: ctx.constant(node.input(index)) for name, index in _LSTM_QUANTIZED.items()}

@@ -1,16 +1,17 @@
 """Recurrent ops: LSTM, GRU, RNN.
 
-One converter body for the three ops; the modules in ``modules/recurrent.py`` share one skeleton and differ only in
-their cell description. Constant W, R, B, P become parameters of the module (of a real nn.LSTM/nn.GRU/nn.RNN on the
-fast path); weights computed at run time are passed to ``forward`` and gradients flow to them.
+One converter body for the three ops; the modules of the recurrent runtime (``recurrent/``) share one skeleton and
+differ only in their cell description. Constant W, R, B, P become parameters of the module (of a real
+nn.LSTM/nn.GRU/nn.RNN on the fast path); weights computed at run time are passed to ``forward`` and gradients flow to
+them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..modules.recurrent import InvalidAttribute, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent
 from ..node import Converted, OnnxNode
+from ..recurrent import InvalidAttribute, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent
 from ..registry import register_converter
 
 _WEIGHTS = {"W": 1, "R": 2, "B": 3, "P": 7}  # input index of each weight-like input

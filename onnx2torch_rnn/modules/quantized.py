@@ -17,9 +17,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..recurrent.cells import Cell
+from ..recurrent.module import Recurrent
+from ..recurrent.runtime import recurrent
 from .common import attributes_repr
 from .nn import AveragePool, Conv, _window_counts, pad
-from .recurrent import Cell, Recurrent, recurrent
 
 
 def integer_range(dtype: torch.dtype) -> tuple[int, int]:
@@ -494,7 +496,7 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 class IntegerProducts:
     """The two matrix products of onnxruntime's DynamicQuantizeLSTM, for the shared recurrent loop
-    (``modules.recurrent._exact_core``): each float operand is quantized to uint8 on the fly over the whole matrix
+    (``recurrent.runtime._cell_loop``): each float operand is quantized to uint8 on the fly over the whole matrix
     (the inputs of every step up to the longest sequence at once, the state once per step and direction), multiplied
     exactly by the weights, and scaled back by float32(a_scale * w_scale) (per column or not). Like onnxruntime, the
     weights' zero point is the first of each direction's, and rows that have ended feed zeros to the state's

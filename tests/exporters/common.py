@@ -13,7 +13,7 @@ import torch
 
 import onnx2torch_rnn
 from onnx2torch_rnn.checking import run_onnxruntime, runtime_inputs
-from onnx2torch_rnn.modules.recurrent import Recurrent
+from onnx2torch_rnn.recurrent import Recurrent
 
 MODELS = Path(__file__).parent.parent / "models"
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")

@@ -10,7 +10,7 @@ recurrent module.
 import onnx
 import pytest
 
-from onnx2torch_rnn.modules.recurrent import Activation
+from onnx2torch_rnn.recurrent.cells import Activation
 from tests.exporters.common import (
     MODELS,
     assert_weights_are_parameters,

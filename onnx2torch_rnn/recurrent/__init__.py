@@ -1,0 +1,23 @@
+"""The recurrent runtime: ONNX LSTM, GRU and RNN, in one place, in layers that only import downwards.
+
+    cells.py    each cell as data (gates, gate orders, state kinds, default activations, its step equations, when a
+                torch kernel is exact) and the static configuration of a node, with the op's config string
+    runtime.py  the recurrence in Python: the skeleton every cell shares (layout, lengths, masks, directions,
+                initial states, output shapes) over torch's kernels or the cell loop; reference, autograd path and
+                fallback of the native kernel
+    kernel/     the native CPU kernel (C++, built on first use) and its loader
+    op.py       the ``onnx2torch_rnn::recurrent`` torch op: kernel or Python implementation, fake (shape)
+                implementation, autograd for compiled training, the ONNX translation for export back
+    module.py   OnnxLSTM / OnnxGRU / OnnxRNN: parameters, configuration, which path each call takes
+
+Why this split: what a cell *is* (cells) is used by every layer below it; the Python recurrence (runtime) must not
+know about torch.library or modules, so the op, the quantized LSTM (modules/quantized.py) and the tests can all call
+it; the op is the one entry point that eager inference, torch.compile and torch.export share; the module only
+chooses. The converters (converters/recurrent.py) build modules from ONNX nodes.
+"""
+
+from .cells import InvalidAttribute
+from .module import OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent
+from .op import onnx_translation_table
+
+__all__ = ["InvalidAttribute", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent", "onnx_translation_table"]

@@ -1,0 +1,170 @@
+"""OnnxLSTM / OnnxGRU / OnnxRNN: the nn.Modules the converters create. Parameters, configuration, choice of path.
+
+Constant weights become parameters: of a real nn.LSTM / nn.GRU / nn.RNN submodule (``rnn``, torch's gate order) on
+the fast path, when torch's kernel computes exactly the ONNX numbers (cells.py: ``torch_mode``), else the ONNX-layout
+``W``, ``R``, ``B``, ``P``. ``forward`` picks the path per call:
+
+- eager: ``runtime.recurrent``, which autograd differentiates (torch's own kernels on the fast path) and which the
+  TorchScript exporter records op by op;
+- torch.compile and torch.export: the ``onnx2torch_rnn::recurrent`` op (op.py), its differentiable variant when some
+  input or weight requires grad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from . import op
+from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
+from .runtime import recurrent
+
+
+class FastWeights:
+    """The flat weights of a Recurrent module's nn.LSTM/GRU/RNN, for traced code: Dynamo refuses to wrap those
+    modules (unless the global torch._dynamo.config.allow_rnn is set), so traced code reads the module's own
+    parameter dict through this object instead. Not a dict attribute: torch.export snapshots and restores module
+    attributes, which would replace a dict with a copy; this object is a pytree leaf and stays itself."""
+
+    def __init__(self, rnn: nn.RNNBase):
+        self.parameters, self.names = rnn._parameters, tuple(rnn._flat_weights_names)
+
+    def __call__(self) -> list[Tensor]:
+        return [self.parameters[name] for name in self.names]
+
+
+class Recurrent(nn.Module):
+    """Shared module for ONNX LSTM/GRU/RNN; subclasses only name their cell.
+
+    ``__init__`` takes the ONNX attributes, the constant inputs (W, R, B, P as tensors; sequence_lens as ints), which
+    outputs to compute and, for nodes that take a per-step mask (fused Keras layers), what a masked step outputs.
+    ``forward`` takes the node's inputs in ONNX order, then the mask; a weight given at run time replaces the absent
+    parameter.
+    """
+
+    cell: ClassVar[Cell]
+
+    def __init__(self, *, hidden_size: int | None = None, direction: str = "forward", layout: int = 0,
+                 activations: Sequence[str] | None = None, activation_alpha: Sequence[float] | None = None,
+                 activation_beta: Sequence[float] | None = None, clip: float | None = None, input_forget: int = 0,
+                 linear_before_reset: int = 0, outputs: Sequence[bool] = (True, True, True),
+                 W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None, P: Tensor | None = None,
+                 sequence_lens: Sequence[int] | None = None, runtime_weights: Sequence[str] = (),
+                 dtype: torch.dtype = torch.float32, mask_output: str | None = None):
+        super().__init__()
+        self.config = make_config(self.cell, hidden_size=hidden_size, direction=direction, layout=layout,
+                                  activations=activations, activation_alpha=activation_alpha,
+                                  activation_beta=activation_beta, clip=clip, input_forget=input_forget,
+                                  linear_before_reset=linear_before_reset, outputs=outputs, mask_output=mask_output)
+        self.num_outputs = len(outputs)
+        self.sequence_lens = None if sequence_lens is None else tuple(int(v) for v in sequence_lens)
+        # the op takes lengths as a tensor; not persistent: they are a constructor argument, not a weight
+        self.register_buffer("static_lens", None if sequence_lens is None else
+                             torch.tensor(self.sequence_lens, dtype=torch.int64), persistent=False)
+        self.runtime_weights = tuple(runtime_weights)
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        mode = self.cell.torch_mode(self.config)
+        constant_weights = W is not None and R is not None and not {"B", "P"} & set(self.runtime_weights)
+        self.fast = mode is not None and constant_weights and (P is None or not bool(P.any()))
+        if self.fast:
+            self.rnn = self._torch_module(mode, W.to(compute), R.to(compute), None if B is None else B.to(compute))
+            W = R = B = P = None  # an all-zero P adds nothing
+        for name, value in (("W", W), ("R", R), ("B", B), ("P", P)):
+            self.register_parameter(name, None if value is None else nn.Parameter(value.to(compute)))
+        present = "torch" if self.fast else "".join(
+            k for k in "WRBP" if getattr(self, k) is not None or k in self.runtime_weights)
+        self.op_config = encode(self.cell, self.config, present)
+        # the nn.LSTM/GRU/RNN's weights, reachable without touching that module (Dynamo refuses to wrap one)
+        self._fast_weights = FastWeights(self.rnn) if self.fast else None
+
+    def _torch_module(self, mode: str, W: Tensor, R: Tensor, B: Tensor | None) -> nn.RNNBase:
+        """The equivalent torch module, its weights taken from W, R, B reordered to torch's gate order once. It is
+        built on the meta device and then given the reordered tensors as its parameters: no random initialisation
+        and no second copy of the weights (both cost as much as the rest of a large model's conversion)."""
+        directions, _, input_size = W.shape
+        hidden = R.shape[-1]
+        kwargs = {"bias": B is not None, "bidirectional": directions == 2, "dtype": W.dtype, "device": "meta"}
+        if mode == "LSTM":
+            module = nn.LSTM(input_size, hidden, **kwargs)
+        elif mode == "GRU":
+            module = nn.GRU(input_size, hidden, **kwargs)
+        else:
+            module = nn.RNN(input_size, hidden, nonlinearity=mode.removeprefix("RNN_").lower(), **kwargs)
+        order = self.cell.torch_order()
+
+        def reorder(t: Tensor) -> nn.Parameter:  # [gH, ...] in ONNX gate order -> torch gate order (one copy)
+            return nn.Parameter(torch.cat([t[k * hidden:(k + 1) * hidden] for k in order]).detach())
+
+        for d, suffix in enumerate(("", "_reverse")[:directions]):
+            weights = {"weight_ih": W[d], "weight_hh": R[d]}
+            if B is not None:
+                weights["bias_ih"], weights["bias_hh"] = B[d].chunk(2)
+            for name, value in weights.items():
+                setattr(module, f"{name}_l0{suffix}", reorder(value))  # nn.RNNBase keeps its flat weight list
+        return module
+
+    def forward(self, X: Tensor, W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None,
+                sequence_lens: Tensor | None = None, initial_h: Tensor | None = None,
+                initial_c: Tensor | None = None, P: Tensor | None = None, mask: Tensor | None = None):
+        compiling = torch.compiler.is_compiling()  # Dynamo tracing or torch.export
+        if self.fast:
+            weights = self._fast_weights() if compiling else [w for layer in self.rnn.all_weights for w in layer]
+        else:
+            weights = [given if own is None else own for own, given in
+                       ((self.W, W), (self.R, R), (self.B, B), (self.P, P))]
+        if compiling:  # one opaque op: one graph, dynamic batch and sequence length
+            lens = self.static_lens if sequence_lens is None else sequence_lens
+            differentiable = self._needs_grad(X, weights, initial_h, initial_c)
+            outputs = op.run(X, [w for w in weights if w is not None], self.op_config, lens, initial_h, initial_c,
+                             mask, differentiable)
+        else:
+            named = ({"torch_weights": weights, "W": None, "R": None} if self.fast
+                     else dict(zip("WRBP", weights, strict=True)))
+            lens = self.sequence_lens if sequence_lens is None else sequence_lens
+            outputs = recurrent(self.cell, self.config, X, sequence_lens=lens, initial_h=initial_h,
+                                initial_c=initial_c, mask=mask, **named)
+        outputs = outputs[: self.num_outputs]
+        return outputs[0] if self.num_outputs == 1 else outputs
+
+    @staticmethod
+    def _needs_grad(*values) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        flat = [t for v in values for t in (v if isinstance(v, list) else [v])]
+        return any(t is not None and t.requires_grad for t in flat)
+
+    def extra_repr(self) -> str:
+        cfg = self.config
+        per_direction = [", ".join(repr(role[d]) for role in cfg.activations) for d in range(cfg.num_directions)]
+        parts = [f"hidden_size={cfg.hidden_size}", f"direction={cfg.direction!r}", f"layout={cfg.layout}",
+                 f"activations=[{' | '.join(per_direction)}]"]
+        if cfg.clip is not None:
+            parts.append(f"clip={cfg.clip:g}")
+        if self.cell.op_type == "LSTM":
+            parts.append(f"input_forget={int(cfg.input_forget)}")
+        if self.cell.op_type == "GRU":
+            parts.append(f"linear_before_reset={int(cfg.linear_before_reset)}")
+        if self.sequence_lens is not None:
+            parts.append(f"sequence_lens={list(self.sequence_lens)}")
+        if cfg.mask_output is not None:
+            parts.append(f"mask_output={cfg.mask_output!r}")
+        if self.runtime_weights:
+            parts.append(f"weights from inputs: {', '.join(self.runtime_weights)}")
+        parts.append(f"outputs={[n for n, o in zip(OUTPUT_NAMES, cfg.outputs, strict=True) if o]}")
+        parts.append(f"path={'fast' if self.fast else 'exact'}")
+        return ", ".join(parts)
+
+
+class OnnxLSTM(Recurrent):
+    cell = LSTM_CELL
+
+
+class OnnxGRU(Recurrent):
+    cell = GRU_CELL
+
+
+class OnnxRNN(Recurrent):
+    cell = RNN_CELL

@@ -1,0 +1,263 @@
+"""The recurrence of one node as one torch op, ``onnx2torch_rnn::recurrent``: what inference, torch.compile and
+torch.export all run.
+
+Schema::
+
+    recurrent(Tensor X, Tensor[] weights, str config, Tensor? sequence_lens, Tensor? initial_h, Tensor? initial_c,
+              Tensor? mask) -> (Tensor Y, Tensor Y_h, Tensor Y_c)
+
+- X, initial_h, initial_c, mask and the outputs are in the node's ONNX layout (``layout`` in config): X [T, N, I] or
+  [N, T, I]; states [D, N, H] or [N, D, H]; mask (bool) X.shape[:2]; Y [T, D, N, H] or [N, T, D, H]. Y and the states
+  have X's dtype; an output the config does not ask for is an empty tensor (shape [0]). Outputs never alias inputs.
+- sequence_lens: integer [N] (int32 or int64) with values in [0, T] (checked: out of range raises).
+- weights: ``weights=torch`` in config: the flat weights of the nn.LSTM/GRU/RNN, per direction w_ih [gH, I], w_hh
+  [gH, H] and, with bias, b_ih, b_hh [gH], in torch's gate order (cells.py: ``torch_gates``). Otherwise the ONNX
+  weights whose letters config lists, in that order: W [D, gH, I], R [D, gH, H], B [D, 2gH], P [D, 3H].
+- config: ``key=value`` pairs joined by ``;``, every key always present, in this order:
+  ``cell`` LSTM|GRU|RNN; ``direction`` forward|reverse|bidirectional; ``layout`` 0|1; ``activations`` one entry per
+  function in ONNX attribute order (per direction: LSTM f,g,h; GRU f,g; RNN f), comma-separated, each
+  ``Name[:alpha[:beta]]`` with exactly the parameters that function consumes, already resolved to onnxruntime's
+  values (Python float repr); ``clip`` a float or empty; ``input_forget`` 0|1; ``linear_before_reset`` 0|1;
+  ``outputs`` three digits for Y, Y_h, Y_c (1: compute it); ``weights`` torch or a subset of the letters WRBP;
+  ``mask_output`` empty (no mask input), zero or hold (a masked step's Y: zeros, or the row's previous output in
+  processing order, zero before its first unmasked step). Written by ``cells.encode``, read by ``cells.decode``.
+
+Implementations: the native kernel registers itself for CPU when it is built (kernel/); the Python one below
+(``runtime.recurrent``) serves every other device and CPU when the kernel is not available. The fake
+implementation derives the output shapes from the input shapes (symbolic sizes welcome), so batch and sequence
+length stay dynamic under torch.compile / torch.export.
+
+``recurrent_differentiable`` is the same computation with an autograd formula, for compiled or exported training
+(eager training calls ``runtime.recurrent`` directly, so eager autograd is torch's own): ``recurrent_backward``, a
+third op, recomputes the forward with torch.func.vjp over the cell loop
+and returns the input gradients: one extra forward in the backward, no activations saved, the whole recurrence still
+one opaque node.
+
+``onnx_translation_table`` turns the op back into the ONNX node it came from for torch.onnx.export(dynamo=True).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .cells import decode
+from .runtime import onnx_weights, recurrent
+
+_SIGNATURE = ("Tensor X, Tensor[] weights, str config, Tensor? sequence_lens, Tensor? initial_h, Tensor? initial_c, "
+              "Tensor? mask")
+OP_NAME = "onnx2torch_rnn::recurrent"
+DIFFERENTIABLE_OP_NAME = "onnx2torch_rnn::recurrent_differentiable"
+
+_LIBRARY = torch.library.Library("onnx2torch_rnn", "DEF")  # the ops live as long as this object
+_LIBRARY.define(f"recurrent({_SIGNATURE}) -> (Tensor, Tensor, Tensor)")
+# The same computation with an autograd formula, for compiled/exported training: autograd support costs every call a
+# few microseconds of Python even without grad, which inference should not pay.
+_LIBRARY.define(f"recurrent_differentiable({_SIGNATURE}) -> (Tensor, Tensor, Tensor)")
+
+
+def weights_by_name(config: str, weights) -> dict:
+    """The op's weight list as keyword arguments of ``runtime.recurrent``."""
+    fmt = decode(config)[2]
+    if fmt == "torch":
+        return {"torch_weights": list(weights), "W": None, "R": None}
+    given = dict(zip(fmt, weights, strict=True))
+    return {letter: given.get(letter) for letter in "WRBP"}
+
+
+def _owned(outputs, inputs) -> list[Tensor]:
+    """Op outputs must be fresh tensors: no output may alias an input or another output (with zero steps Y_h could
+    be initial_h itself; the gradients of an LSTM's two biases are one tensor)."""
+    storages = {t.untyped_storage().data_ptr() for t in inputs if t is not None and t.numel()}
+    result = []
+    for out in outputs:
+        if out.numel() and out.untyped_storage().data_ptr() in storages:
+            out = out.clone()
+        out = out.contiguous()
+        storages.add(out.untyped_storage().data_ptr())
+        result.append(out)
+    return result
+
+
+def _python_impl(X, weights, config, sequence_lens, initial_h, initial_c, mask):
+    cell, cfg = decode(config)[:2]
+    outputs = recurrent(cell, cfg, X, sequence_lens=sequence_lens, initial_h=initial_h, initial_c=initial_c,
+                        mask=mask, **weights_by_name(config, weights))
+    outputs = [X.new_empty(0) if o is None else o for o in outputs]
+    return tuple(_owned(outputs, [X, *weights, sequence_lens, initial_h, initial_c]))
+
+
+_LIBRARY.impl("recurrent", _python_impl, "CompositeExplicitAutograd")
+_LIBRARY.impl("recurrent_differentiable", lambda *args: torch.ops.onnx2torch_rnn.recurrent.default(*args),
+              "CompositeExplicitAutograd")
+
+
+def output_shapes(config: str, X, weights) -> list[tuple]:
+    """Shapes of (Y, Y_h, Y_c) from the input shapes alone (symbolic sizes welcome); (0,) for an output not asked
+    for."""
+    cfg = decode(config)[1]
+    hidden = weights[1].shape[-1]  # w_hh [gH, H] or R [D, gH, H]
+    directions = cfg.num_directions
+    if cfg.layout:
+        batch, steps = X.shape[0], X.shape[1]
+        shapes = [(batch, steps, directions, hidden), (batch, directions, hidden), (batch, directions, hidden)]
+    else:
+        steps, batch = X.shape[0], X.shape[1]
+        shapes = [(steps, directions, batch, hidden), (directions, batch, hidden), (directions, batch, hidden)]
+    return [shape if wanted else (0,) for shape, wanted in zip(shapes, cfg.outputs, strict=True)]
+
+
+def _fake(X, weights, config, sequence_lens, initial_h, initial_c, mask):
+    return tuple(X.new_empty(shape) for shape in output_shapes(config, X, weights))
+
+
+torch.library.register_fake(OP_NAME, _fake)
+torch.library.register_fake(DIFFERENTIABLE_OP_NAME, _fake)
+
+
+def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, mask=None, differentiable=False):
+    """The op (or its differentiable variant), with the outputs the config does not ask for as None."""
+    ops = torch.ops.onnx2torch_rnn
+    chosen = ops.recurrent_differentiable.default if differentiable else ops.recurrent.default
+    outputs = chosen(X, weights, config, sequence_lens, initial_h, initial_c, mask)
+    return tuple(o if wanted else None for o, wanted in zip(outputs, decode(config)[1].outputs, strict=True))
+
+
+# ---- autograd ---------------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("onnx2torch_rnn::recurrent_backward", mutates_args=(),
+                         schema=f"(Tensor?[] grads, {_SIGNATURE}, bool[] needs) -> Tensor[]")
+def recurrent_backward(grads, X, weights, config, sequence_lens, initial_h, initial_c, mask, needs):
+    """Gradients of the differentiable inputs [X, *weights, initial_h, initial_c] flagged in ``needs``: the forward
+    recomputed under torch.func.vjp (the public way to differentiate inside an op's kernel, where autograd is off).
+    The cell loop runs the recomputation, fast-path weights included: torch's packed-sequence kernels cannot run
+    under functorch transforms."""
+    cell, cfg, fmt = decode(config)
+    differentiable = [X, *weights, initial_h, initial_c]
+    chosen = [k for k, need in enumerate(needs) if need]
+
+    def forward(*values):
+        args = list(differentiable)
+        for k, value in zip(chosen, values, strict=True):
+            args[k] = value
+        named = weights_by_name(config, args[1:-2])
+        if fmt == "torch":
+            named["W"], named["R"], named["B"] = onnx_weights(cell, named.pop("torch_weights"), cfg.num_directions)
+        outputs = recurrent(cell, cfg, args[0], sequence_lens=sequence_lens, initial_h=args[-2], initial_c=args[-1],
+                            mask=mask, **named)
+        return tuple(X.new_zeros(()) if o is None else o for o in outputs)
+
+    outputs, vjp = torch.func.vjp(forward, *(differentiable[k] for k in chosen))
+    cotangents = tuple(torch.zeros_like(o) if g is None or g.numel() == 0 or not wanted else g.to(o.dtype)
+                       for o, g, wanted in zip(outputs, grads, cfg.outputs, strict=True))
+    found = vjp(cotangents)
+    return _owned(list(found), [X, *weights, sequence_lens, initial_h, initial_c, *grads])
+
+
+@recurrent_backward.register_fake
+def _(grads, X, weights, config, sequence_lens, initial_h, initial_c, mask, needs):
+    differentiable = [X, *weights, initial_h, initial_c]
+    return [torch.empty_like(t, memory_format=torch.contiguous_format)
+            for t, need in zip(differentiable, needs, strict=True) if need]
+
+
+def _setup_context(ctx, inputs, output):
+    X, weights, config, sequence_lens, initial_h, initial_c, mask = inputs
+    ctx.config = config
+    ctx.needs = [t is not None and t.requires_grad for t in (X, *weights, initial_h, initial_c)]
+    ctx.save_for_backward(X, *weights, sequence_lens, initial_h, initial_c, mask)
+
+
+def _backward(ctx, grad_y, grad_h, grad_c):
+    X, *weights, sequence_lens, initial_h, initial_c, mask = ctx.saved_tensors
+    grads = iter(recurrent_backward([grad_y, grad_h, grad_c], X, weights, ctx.config, sequence_lens, initial_h,
+                                    initial_c, mask, ctx.needs) if any(ctx.needs) else ())
+    flat = [next(grads) if need else None for need in ctx.needs]
+    return flat[0], flat[1:-2], None, None, flat[-2], flat[-1], None
+
+
+torch.library.register_autograd(DIFFERENTIABLE_OP_NAME, _backward, setup_context=_setup_context)
+
+
+# ---- torch.onnx.export(dynamo=True) ---------------------------------------------------------------------------------
+
+def onnx_translation_table() -> dict:
+    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``: the op becomes the ONNX LSTM, GRU
+    or RNN node it came from (every attribute restored; fast-path weights reordered back to the ONNX gate order,
+    which the exporter's optimiser folds into the initializers). Also the stable sort of converted TopK nodes, which
+    the exporter lacks: ONNX TopK over the whole axis is one (equal values keep index order)."""
+    ops = torch.ops.onnx2torch_rnn
+    return {ops.recurrent.default: _to_onnx, ops.recurrent_differentiable.default: _to_onnx,
+            torch.ops.aten.sort.stable: _stable_sort_to_onnx}
+
+
+def _stable_sort_to_onnx(data, *, stable=None, dim=-1, descending=False):
+    from onnxscript import opset18 as op
+
+    size = op.Gather(op.Shape(data), op.Constant(value_ints=[dim]), axis=0)
+    return op.TopK(data, size, axis=dim, largest=int(descending), sorted=1)
+
+
+def _onnx_weights(op, cell, cfg, fmt: str, weights):
+    """W, R, B, P as ONNX values (fast-path weights: rows reordered to ONNX's gate order, stacked per direction)."""
+    if fmt != "torch":
+        given = dict(zip(fmt, weights, strict=True))
+        return [given.get(letter) for letter in "WRBP"]
+    directions = cfg.num_directions
+    per, hidden = len(weights) // directions, weights[1].shape[-1]
+    rows = op.Constant(value_ints=[cell.torch_gates.index(g) * hidden + j for g in cell.onnx_gates
+                                   for j in range(hidden)])
+
+    def onnx_layout(k: int):  # the k-th weight of each direction, rows in ONNX gate order, stacked: [D, gH, ...]
+        return op.Concat(*(op.Unsqueeze(op.Gather(w, rows, axis=0), [0]) for w in weights[k::per]), axis=0)
+
+    B = op.Concat(onnx_layout(2), onnx_layout(3), axis=1) if per == 4 else None
+    return [onnx_layout(0), onnx_layout(1), B, None]
+
+
+def _onnx_attributes(cell, cfg, hidden) -> dict:
+    acts = cfg.onnx_activations()
+    attributes = {"hidden_size": hidden, "direction": cfg.direction, "activations": [a.name for a in acts]}
+    for key, values in (("activation_alpha", [a.alpha for a in acts]), ("activation_beta", [a.beta for a in acts])):
+        if any(v is not None for v in values):
+            attributes[key] = [v for v in values if v is not None]
+    if cfg.clip is not None:
+        attributes["clip"] = cfg.clip
+    if cell.op_type == "LSTM":
+        attributes["input_forget"] = int(cfg.input_forget)
+    if cell.op_type == "GRU":
+        attributes["linear_before_reset"] = int(cfg.linear_before_reset)
+    return attributes
+
+
+def _to_onnx(X, weights, config, sequence_lens, initial_h, initial_c, mask):
+    from onnx import TensorProto
+    from onnxscript import opset18 as op  # the exporter's opset; LSTM/GRU/RNN are unchanged from 14 to 22
+
+    cell, cfg, fmt = decode(config)
+    if mask is not None:
+        raise NotImplementedError(f"a masked {cell.op_type} has no ONNX {cell.op_type} equivalent")
+    float32 = X.dtype == TensorProto.FLOAT
+
+    def as_float(t):  # onnxruntime's LSTM/GRU run float32 only; other dtypes are computed in it and cast back
+        return t if t is None or t.dtype == TensorProto.FLOAT else op.Cast(t, to=TensorProto.FLOAT)
+
+    def batch_major(t):  # layout 1 -> 0 (onnxruntime rejects layout=1)
+        t = as_float(t)
+        return t if t is None or not cfg.layout else op.Transpose(t, perm=[1, 0, 2])
+
+    W, R, B, P = (as_float(t) for t in _onnx_weights(op, cell, cfg, fmt, weights))
+    lens = None if sequence_lens is None else op.Cast(sequence_lens, to=TensorProto.INT32)
+    inputs = [batch_major(X), W, R, B, lens, batch_major(initial_h)]
+    if cell.op_type == "LSTM":
+        inputs += [batch_major(initial_c), P]
+    outputs = getattr(op, cell.op_type)(*inputs, **_onnx_attributes(cell, cfg, weights[1].shape[-1]))
+    if not cell.has_cell_state:
+        outputs = (*outputs, None)
+    results = []
+    for out, perm in zip(outputs, ([2, 0, 1, 3], [1, 0, 2], [1, 0, 2]), strict=True):
+        if out is None:
+            results.append(op.Constant(value_floats=[]) if float32 else op.CastLike(op.Constant(value_floats=[]), X))
+            continue
+        out = op.Transpose(out, perm=perm) if cfg.layout else out
+        results.append(out if float32 else op.CastLike(out, X))
+    return tuple(results)
