@@ -49,8 +49,11 @@ def _functions(op, names, alphas, betas, directions):
 
 def reference(op, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, hidden_size=None,
               direction="forward", activations=None, activation_alpha=None, activation_beta=None, clip=None,
-              input_forget=0, layout=0, linear_before_reset=0, output_sequence=0):
-    """(Y, Y_h, Y_c) of one node in the node's layout and X's dtype (Y_c None except for LSTM)."""
+              input_forget=0, layout=0, linear_before_reset=0, output_sequence=0, mask=None, mask_output="zero"):
+    """(Y, Y_h, Y_c) of one node in the node's layout and X's dtype (Y_c None except for LSTM).
+
+    ``mask`` (bool, X.shape[:2]; not an ONNX input) follows Keras' masking: at a masked step a row keeps its states
+    and outputs zeros (``mask_output="zero"``) or its previous output in processing order, zero at first ("hold")."""
     del output_sequence  # v1: only says whether Y is optional
     dtype = X.dtype
     f64 = [None if a is None else np.asarray(a, np.float64) for a in (X, W, R, B, initial_h, initial_c, P)]
@@ -67,6 +70,7 @@ def reference(op, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c
     h0 = np.zeros((directions, batch, hidden)) if h0 is None else h0
     c0 = np.zeros((directions, batch, hidden)) if c0 is None else c0
     lens = np.full(batch, steps) if sequence_lens is None else np.asarray(sequence_lens)
+    keep = np.ones((steps, batch), bool) if mask is None else np.asarray(mask).transpose(1, 0) if layout else mask
     functions = _functions(op, activations, activation_alpha, activation_beta, directions)
     cut = (lambda v: v) if clip is None or (op == "RNN" and clip < 0) else (lambda v: np.clip(v, -clip, clip))
 
@@ -79,8 +83,10 @@ def reference(op, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c
         reverse = direction == "reverse" or d == 1
         for n in range(batch):
             h, c = h0[d, n], c0[d, n]
+            out = np.zeros(hidden)
             order = range(lens[n] - 1, -1, -1) if reverse else range(lens[n])
             for t in order:
+                h_prev, c_prev = h, c
                 x = X[t, n]
                 if op == "LSTM":
                     i, o, f, g = np.split(W[d] @ x + wb + R[d] @ h + rb, 4)
@@ -102,7 +108,12 @@ def reference(op, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c
                     h = (1 - z) * candidate + z * h
                 else:
                     h = fns[0](cut(W[d] @ x + wb + R[d] @ h + rb))
-                Y[t, d, n] = h
+                if keep[t, n]:
+                    out = h
+                else:
+                    h, c = h_prev, c_prev
+                    out = out if mask_output == "hold" else np.zeros(hidden)
+                Y[t, d, n] = out
             if lens[n] > 0:
                 Y_h[d, n], Y_c[d, n] = h, c
     if layout:

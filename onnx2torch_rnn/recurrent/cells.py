@@ -116,10 +116,10 @@ class RecurrentConfig:
 def make_config(cell: Cell, *, hidden_size: int | None = None, direction: str = "forward", layout: int = 0,
                 activations: Sequence[str] | None = None, activation_alpha: Sequence[float] | None = None,
                 activation_beta: Sequence[float] | None = None, clip: float | None = None, input_forget: int = 0,
-                linear_before_reset: int = 0, outputs: Sequence[bool] = (True, True, True),
+                linear_before_reset: int = 0, outputs: Sequence[bool] | None = None,
                 mask_output: str | None = None) -> RecurrentConfig:
     """The config of a node from its ONNX attributes, with onnxruntime's rules; InvalidAttribute for what cannot be
-    honoured."""
+    honoured. ``outputs``: which of the node's outputs to compute (default: all of them)."""
     if direction not in DIRECTIONS:
         raise InvalidAttribute("direction", direction, f"must be one of {', '.join(DIRECTIONS)}")
     if layout not in (0, 1):
@@ -143,8 +143,9 @@ def make_config(cell: Cell, *, hidden_size: int | None = None, direction: str = 
     if (input_forget and cell.op_type != "LSTM") or (linear_before_reset and cell.op_type != "GRU"):
         raise InvalidAttribute("input_forget" if input_forget else "linear_before_reset", 1,
                                f"not an attribute of {cell.op_type}")
-    if len(outputs) > (3 if cell.has_cell_state else 2):
-        raise ValueError(f"{cell.op_type} has at most {3 if cell.has_cell_state else 2} outputs")
+    outputs = [True] * cell.num_outputs if outputs is None else outputs
+    if len(outputs) > cell.num_outputs:
+        raise ValueError(f"{cell.op_type} has at most {cell.num_outputs} outputs")
     if mask_output is not None and mask_output not in MASK_OUTPUTS:
         raise InvalidAttribute("mask_output", mask_output, f"must be one of {', '.join(MASK_OUTPUTS)}")
     outputs = tuple(bool(o) for o in outputs) + (False,) * (3 - len(outputs))
@@ -242,6 +243,10 @@ class Cell:
     @property
     def gates(self) -> int:
         return len(self.onnx_gates)
+
+    @property
+    def num_outputs(self) -> int:
+        return 3 if self.has_cell_state else 2
 
     def torch_order(self) -> list[int]:
         """For each torch gate, the index of its block in the ONNX order."""

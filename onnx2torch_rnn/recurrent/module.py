@@ -50,7 +50,7 @@ class Recurrent(nn.Module):
     def __init__(self, *, hidden_size: int | None = None, direction: str = "forward", layout: int = 0,
                  activations: Sequence[str] | None = None, activation_alpha: Sequence[float] | None = None,
                  activation_beta: Sequence[float] | None = None, clip: float | None = None, input_forget: int = 0,
-                 linear_before_reset: int = 0, outputs: Sequence[bool] = (True, True, True),
+                 linear_before_reset: int = 0, outputs: Sequence[bool] | None = None,
                  W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None, P: Tensor | None = None,
                  sequence_lens: Sequence[int] | None = None, runtime_weights: Sequence[str] = (),
                  dtype: torch.dtype = torch.float32, mask_output: str | None = None):
@@ -59,7 +59,7 @@ class Recurrent(nn.Module):
                                   activations=activations, activation_alpha=activation_alpha,
                                   activation_beta=activation_beta, clip=clip, input_forget=input_forget,
                                   linear_before_reset=linear_before_reset, outputs=outputs, mask_output=mask_output)
-        self.num_outputs = len(outputs)
+        self.num_outputs = self.cell.num_outputs if outputs is None else len(outputs)
         self.sequence_lens = None if sequence_lens is None else tuple(int(v) for v in sequence_lens)
         # the op takes lengths as a tensor; not persistent: they are a constructor argument, not a weight
         self.register_buffer("static_lens", None if sequence_lens is None else

@@ -17,8 +17,9 @@ from onnx import numpy_helper
 
 import onnx2torch_rnn
 from onnx2torch_rnn.errors import InvalidModelError, UnsupportedAttributeError
+from onnx2torch_rnn.recurrent import OnnxGRU, OnnxLSTM, OnnxRNN
 from tests.helpers import TensorProto, check, helper, make_model, run_onnxruntime, run_torch
-from tests.rnn_reference import run_node
+from tests.rnn_reference import reference, run_node
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 OUTPUTS = {"LSTM": ["Y", "Y_h", "Y_c"], "GRU": ["Y", "Y_h"], "RNN": ["Y", "Y_h"]}
@@ -612,3 +613,71 @@ def test_lengths_out_of_range_raise_at_run_time(op, attrs, lens):
     module = onnx2torch_rnn.convert(constant)
     with pytest.raises(ValueError, match=r"sequence_lens values must lie in \[0, 5\]"):
         module(torch.from_numpy(feeds["X"]))
+
+
+# ---- per-step mask (not an ONNX input: the input of recurrent nodes fused from Keras' masked layers) -------------
+MASK_MODULES = {"LSTM": OnnxLSTM, "GRU": OnnxGRU, "RNN": OnnxRNN}
+
+
+def masked_module(op, direction, layout, mask_output, fast, dtype=torch.float32, seed=0):
+    """A module with a mask input, its weights as (W, R, B) numpy arrays, and random X, initial states and mask
+    (every pattern: rows masked at the start, in the middle, at the end, wholly, not at all)."""
+    rng = np.random.default_rng(seed)
+    directions, gates, hidden, steps, batch, size = (2 if direction == "bidirectional" else 1), GATES[op], 3, 6, 5, 4
+    weights = {k: rng.standard_normal(shape) * 0.6 for k, shape in
+               (("W", (directions, gates * hidden, size)), ("R", (directions, gates * hidden, hidden)),
+                ("B", (directions, 2 * gates * hidden)))}
+    attrs = {"linear_before_reset": 1} if op == "GRU" and fast else {}
+    if not fast:
+        attrs["clip"] = 2.5
+    module = MASK_MODULES[op](hidden_size=hidden, direction=direction, layout=layout, mask_output=mask_output,
+                              dtype=dtype, **attrs, **{k: torch.tensor(v, dtype=dtype) for k, v in weights.items()})
+    assert module.fast == fast
+    mask = np.ones((steps, batch), bool)
+    mask[:2, 0] = mask[2:4, 1] = mask[4:, 2] = mask[:, 3] = False
+    if layout:
+        mask = mask.T
+    x = rng.standard_normal((batch, steps, size) if layout else (steps, batch, size))
+    state = rng.standard_normal((batch, directions, hidden) if layout else (directions, batch, hidden))
+    return module, weights, attrs, x, state, mask
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize(("layout", "mask_output", "fast"), [(0, "zero", True), (1, "hold", False),
+                                                             (0, "hold", False), (1, "zero", True)])
+def test_mask_against_reference(op, direction, layout, mask_output, fast):
+    module, weights, attrs, x, state, mask = masked_module(op, direction, layout, mask_output, fast)
+    states = {"initial_h": state, **({"initial_c": -state} if op == "LSTM" else {})}
+    expected = reference(op, x, **weights, **states, direction=direction, layout=layout, mask=mask,
+                         mask_output=mask_output, **attrs)
+    args = {k: torch.tensor(v, dtype=torch.float32) for k, v in states.items()}
+    got = module(torch.tensor(x, dtype=torch.float32), mask=torch.tensor(mask), **args)
+    torch._dynamo.reset()  # a fresh module per case: no recompile limit across cases
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")(torch.tensor(x, dtype=torch.float32),
+                                                                           mask=torch.tensor(mask), **args)
+    for want, eager, traced in zip(expected, got, compiled, strict=False):
+        np.testing.assert_allclose(eager.detach().numpy(), want.astype(np.float32), rtol=1e-4, atol=1e-5, strict=True)
+        np.testing.assert_allclose(traced.detach().numpy(), want.astype(np.float32), rtol=1e-4, atol=1e-5,
+                                   strict=True)
+
+
+@pytest.mark.parametrize(("op", "fast"), [("LSTM", True), ("GRU", False)])
+def test_mask_gradients(op, fast):
+    module, _, _, x, state, mask = masked_module(op, "bidirectional", 0, "hold", fast, dtype=torch.float64)
+    X, h0 = (torch.tensor(v, requires_grad=True) for v in (x, state))
+    torch.autograd.gradcheck(lambda X, h0: module(X, initial_h=h0, mask=torch.tensor(mask)), (X, h0))
+
+
+def test_mask_required_and_refused():
+    module, _, _, x, _, mask = masked_module("RNN", "forward", 0, "zero", True)
+    with pytest.raises(ValueError, match="takes a mask"):
+        module(torch.tensor(x, dtype=torch.float32))
+    with pytest.raises(ValueError, match="bool tensor"):
+        module(torch.tensor(x, dtype=torch.float32), mask=torch.tensor(mask[:-1]))
+    plain = OnnxRNN(hidden_size=3, W=torch.zeros(1, 3, 4), R=torch.zeros(1, 3, 3))
+    with pytest.raises(ValueError, match="takes no mask"):
+        plain(torch.tensor(x, dtype=torch.float32), mask=torch.tensor(mask))
+    with pytest.raises(ValueError, match="either sequence_lens or a mask"):
+        module(torch.tensor(x, dtype=torch.float32), sequence_lens=torch.tensor([1, 2, 3, 4, 5]),
+               mask=torch.tensor(mask))
