@@ -4,10 +4,11 @@ Constant weights become parameters: of a real nn.LSTM / nn.GRU / nn.RNN submodul
 the fast path, when torch's kernel computes exactly the ONNX numbers (cells.py: ``torch_mode``), else the ONNX-layout
 ``W``, ``R``, ``B``, ``P``. ``forward`` picks the path per call:
 
-- eager: ``runtime.recurrent``, which autograd differentiates (torch's own kernels on the fast path) and which the
-  TorchScript exporter records op by op;
-- torch.compile and torch.export: the ``onnx2torch_rnn::recurrent`` op (op.py), its differentiable variant when some
-  input or weight requires grad.
+- inference on CPU with the native kernel built, torch.compile and torch.export: the ``onnx2torch_rnn::recurrent``
+  op (op.py), run by the native kernel on CPU; while compiling, its differentiable variant when some input or
+  weight requires grad;
+- otherwise (eager training, torch.jit tracing, other devices, no kernel): ``runtime.recurrent``, which autograd
+  differentiates (torch's own kernels on the fast path) and which the TorchScript exporter records op by op.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from . import op
+from . import kernel, op
 from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
 from .runtime import recurrent
 
@@ -79,6 +80,7 @@ class Recurrent(nn.Module):
         self.op_config = encode(self.cell, self.config, present)
         # the nn.LSTM/GRU/RNN's weights, reachable without touching that module (Dynamo refuses to wrap one)
         self._fast_weights = FastWeights(self.rnn) if self.fast else None
+        kernel.load()  # built once per machine (cached), loaded once per process; the Python path runs without it
 
     def _torch_module(self, mode: str, W: Tensor, R: Tensor, B: Tensor | None) -> nn.RNNBase:
         """The equivalent torch module, its weights taken from W, R, B reordered to torch's gate order once. It is
@@ -109,17 +111,21 @@ class Recurrent(nn.Module):
     def forward(self, X: Tensor, W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None,
                 sequence_lens: Tensor | None = None, initial_h: Tensor | None = None,
                 initial_c: Tensor | None = None, P: Tensor | None = None, mask: Tensor | None = None):
-        compiling = torch.compiler.is_compiling()  # Dynamo tracing or torch.export
+        # Parameters and buffers are read from their dicts: nn.Module's attribute lookup costs about half a
+        # microsecond each, which a small recurrent node notices (onnxruntime runs one in 20-40 us).
         if self.fast:
-            weights = self._fast_weights() if compiling else [w for layer in self.rnn.all_weights for w in layer]
+            weights = self._fast_weights()
         else:
-            weights = [given if own is None else own for own, given in
-                       ((self.W, W), (self.R, R), (self.B, B), (self.P, P))]
-        if compiling:  # one opaque op: one graph, dynamic batch and sequence length
-            lens = self.static_lens if sequence_lens is None else sequence_lens
-            differentiable = self._needs_grad(X, weights, initial_h, initial_c)
+            own = self._parameters
+            weights = [given if own[name] is None else own[name] for name, given in (("W", W), ("R", R), ("B", B),
+                                                                                     ("P", P))]
+        compiling = torch.compiler.is_compiling()  # Dynamo tracing or torch.export
+        differentiable = torch.is_grad_enabled() and self._needs_grad(X, weights, initial_h, initial_c)
+        if compiling or (not differentiable and X.is_cpu and kernel.loaded() and not torch.jit.is_tracing()):
+            # one op: the native kernel on CPU; while compiling, one graph node with dynamic batch and length
+            lens = self._buffers["static_lens"] if sequence_lens is None else sequence_lens
             outputs = op.run(X, [w for w in weights if w is not None], self.op_config, lens, initial_h, initial_c,
-                             mask, differentiable)
+                             mask, differentiable, self.config.outputs)
         else:
             named = ({"torch_weights": weights, "W": None, "R": None} if self.fast
                      else dict(zip("WRBP", weights, strict=True)))
@@ -130,11 +136,8 @@ class Recurrent(nn.Module):
         return outputs[0] if self.num_outputs == 1 else outputs
 
     @staticmethod
-    def _needs_grad(*values) -> bool:
-        if not torch.is_grad_enabled():
-            return False
-        flat = [t for v in values for t in (v if isinstance(v, list) else [v])]
-        return any(t is not None and t.requires_grad for t in flat)
+    def _needs_grad(X: Tensor, weights: list, initial_h: Tensor | None, initial_c: Tensor | None) -> bool:
+        return X.requires_grad or any(t is not None and t.requires_grad for t in (*weights, initial_h, initial_c))
 
     def extra_repr(self) -> str:
         cfg = self.config

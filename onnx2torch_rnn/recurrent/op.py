@@ -114,12 +114,18 @@ torch.library.register_fake(OP_NAME, _fake)
 torch.library.register_fake(DIFFERENTIABLE_OP_NAME, _fake)
 
 
-def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, mask=None, differentiable=False):
-    """The op (or its differentiable variant), with the outputs the config does not ask for as None."""
-    ops = torch.ops.onnx2torch_rnn
-    chosen = ops.recurrent_differentiable.default if differentiable else ops.recurrent.default
-    outputs = chosen(X, weights, config, sequence_lens, initial_h, initial_c, mask)
-    return tuple(o if wanted else None for o, wanted in zip(outputs, decode(config)[1].outputs, strict=True))
+_RECURRENT = torch.ops.onnx2torch_rnn.recurrent.default
+_DIFFERENTIABLE = torch.ops.onnx2torch_rnn.recurrent_differentiable.default
+
+
+def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, mask=None, differentiable=False,
+        outputs=None):
+    """The op (or its differentiable variant), with the outputs the config does not ask for as None (``outputs``:
+    the config's, when the caller has them at hand)."""
+    results = (_DIFFERENTIABLE if differentiable else _RECURRENT)(X, weights, config, sequence_lens, initial_h,
+                                                                   initial_c, mask)
+    wanted = decode(config)[1].outputs if outputs is None else outputs
+    return tuple(o if w else None for o, w in zip(results, wanted, strict=True))
 
 
 # ---- autograd ---------------------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
         t = t.transpose(0, 1) if batch_major and cfg.layout else t
         return t if t.dtype == compute or t.dtype == torch.bool else t.to(compute)
 
+    if X.dim() != 3:
+        raise ValueError(f"X must have 3 dimensions, got shape {list(X.shape)}")
     x = prepare(X, batch_major=True)  # layout 0 from here on: [T, N, I]
     h0, c0, mask = prepare(initial_h, True), prepare(initial_c, True), prepare(mask, True)
     steps, batch, input_size = x.shape
@@ -55,10 +57,17 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
     if cfg.hidden_size is not None and hidden != cfg.hidden_size:
         raise ValueError(f"R has hidden size {hidden}, the hidden_size attribute says {cfg.hidden_size}")
     gh = cell.gates * hidden
-    _check_shape("W", W, (directions, gh, input_size))
-    _check_shape("R", R, (directions, gh, hidden))
-    _check_shape("B", B, (directions, 2 * gh))
-    _check_shape("P", P, (directions, 3 * hidden))
+    if torch_weights is None:
+        _check_shape("W", W, (directions, gh, input_size))
+        _check_shape("R", R, (directions, gh, hidden))
+        _check_shape("B", B, (directions, 2 * gh))
+        _check_shape("P", P, (directions, 3 * hidden))
+    else:
+        per = len(torch_weights) // directions  # w_ih, w_hh and maybe b_ih, b_hh per direction
+        expected = {0: ("weight_ih", (gh, input_size)), 1: ("weight_hh", (gh, hidden))}
+        for k, w in enumerate(torch_weights):
+            name, shape = expected.get(k % per, ("bias", (gh,)))
+            _check_shape(name, w, shape)
     for name, state in (("initial_h", h0), ("initial_c", c0)):
         _check_shape(name + " (as [num_directions, batch, hidden])", state, (directions, batch, hidden))
     lens = _lengths(sequence_lens, steps, batch, x.device)
@@ -77,6 +86,8 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
             y = torch.where(valid[:, None, :, None], y, 0.0)
         started = (lens > 0)[:, None]
         y_h, y_c = (None if s is None else torch.where(started, s, 0.0) for s in (y_h, y_c))
+    elif steps == 0:  # so does a sequence of length 0, initial states or not (onnxruntime)
+        y_h, y_c = (None if s is None else torch.zeros_like(s) for s in (y_h, y_c))
     if cfg.layout:  # [T, D, N, H] -> [N, T, D, H]; [D, N, H] -> [N, D, H]
         y = None if y is None else y.permute(2, 0, 1, 3)
         y_h, y_c = (None if s is None else s.transpose(0, 1) for s in (y_h, y_c))
@@ -227,7 +238,7 @@ def _cell_loop(cell, cfg, x, W, R, B, P, lens, h0, c0, mask, products=None):
     steps, batch, _ = x.shape
     directions, hidden = W.shape[0], R.shape[-1]
     projection, inner = _projection(cell, cfg, _per_direction(cfg, x, lens), W, B, lens, products)
-    projection = projection.view(directions, steps, batch, -1)
+    projection = projection.view(directions, steps, batch, W.shape[1])
     rt = R.transpose(1, 2) if products is None else products.bind(R)
     p = None if P is None else P.unsqueeze(1)
     h = x.new_zeros(directions, batch, hidden) if h0 is None else h0

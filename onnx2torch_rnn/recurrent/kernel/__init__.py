@@ -1,0 +1,72 @@
+"""The native CPU kernel of the recurrent op: built on first use, cached, and registered as the op's CPU
+implementation.
+
+``load()`` compiles recurrent.cpp with torch.utils.cpp_extension (ninja, optimised for this CPU) into torch's
+extension cache, under a name that holds a hash of the sources and flags (another version of the sources never
+reuses a stale build), and loads it; the library registers itself for ``onnx2torch_rnn::recurrent`` on CPU. Without
+a compiler (or with ``ONNX2TORCH_RNN_NATIVE=0``) nothing is registered, a warning says why once, and the op runs its
+Python implementation (recurrent/runtime.py), which computes the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name(name) for name in ("recurrent.cpp", "config.h", "vec.h")]
+FLAGS = ["-O3", "-march=native", "-fno-math-errno"]
+ENVIRONMENT = "ONNX2TORCH_RNN_NATIVE"  # "0": never build or load the kernel (the Python implementation runs)
+
+_lock = threading.Lock()
+_state: dict[str, bool] = {}  # "loaded": the outcome of the one attempt per process
+
+
+def enabled() -> bool:
+    return os.environ.get(ENVIRONMENT, "1") != "0"
+
+
+def _name() -> str:
+    digest = hashlib.sha256()
+    for path in SOURCES:
+        digest.update(path.read_bytes())
+    digest.update(" ".join([*FLAGS, torch.__version__]).encode())
+    return f"onnx2torch_rnn_kernel_{digest.hexdigest()[:16]}"
+
+
+def load() -> bool:
+    """Build (first time only) and load the kernel; False, with one warning, where that is not possible."""
+    with _lock:
+        if "loaded" not in _state:
+            _state["loaded"] = _try_load()
+        return _state["loaded"]
+
+
+def loaded() -> bool:
+    """Whether the kernel is registered (never builds)."""
+    return _state.get("loaded", False)
+
+
+def _try_load() -> bool:
+    if not enabled():
+        logger.info("native recurrent kernel disabled by %s=0", ENVIRONMENT)
+        return False
+    try:
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(_name(), [str(SOURCES[0])], extra_cflags=FLAGS, is_python_module=False,
+                           verbose=logger.isEnabledFor(logging.DEBUG))
+    except Exception as error:  # no compiler, no ninja, a failed build: the Python implementation runs instead
+        warnings.warn(f"onnx2torch_rnn: the native recurrent kernel could not be built ({type(error).__name__}: "
+                      f"{str(error).strip().splitlines()[-1] if str(error).strip() else error}); recurrent nodes run "
+                      f"the Python implementation (same numbers, slower). Set {ENVIRONMENT}=0 to skip the attempt.",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True

@@ -1,0 +1,703 @@
+// The recurrence of one ONNX LSTM / GRU / RNN node on the CPU, in one call: the CPU implementation of the
+// onnx2torch_rnn::recurrent op (schema and config format: recurrent/op.py; numbers: recurrent/runtime.py, which is
+// this kernel's reference and fallback).
+//
+// How it is fast:
+// - The input projection X·Wᵀ + biases of every step is one GEMM per node (torch's, over T·N rows).
+// - The recurrent weights are packed once per weight version (a cache keyed on the weight tensors' identity and
+//   version counters): for each block of `lanes` hidden units (16 floats, one AVX-512 register), the rows of all the
+//   cell's gates for those units, interleaved over k. One pass over a block then yields every gate of those units,
+//   and the gate equations run on the accumulators at once: the state's GEMM and the gate loop are one fused loop,
+//   with no gate buffer in between and no allocation per step.
+// - Rows (batch) go in tiles of up to 4, with enough independent accumulators to hide the FMA latency.
+// - Threads: a bidirectional node runs its two directions in parallel; one direction splits its hidden blocks over
+//   threads per step when a step has enough work to pay for the synchronisation.
+// float16/bfloat16 are computed in float32 and cast back (as onnxruntime does), float64 in float64.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/library.h>
+
+#include <array>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "config.h"
+#include "vec.h"
+
+namespace onnx2torch_rnn {
+namespace {
+
+constexpr int kTile = 4;  // batch rows per register tile
+
+// ---- the weights of one direction, and their packed form ---------------------------------------------------------
+
+struct Weights {  // one direction, in the weights' own gate order; undefined tensors are absent
+  at::Tensor W, R, Wb, Rb, P;  // W [gH, I], R [gH, H], Wb and Rb [gH], P [3H] (i, o, f)
+};
+
+// For each ONNX gate, the index of its block of rows in the weights (torch's order: LSTM i f c o, GRU r z h).
+std::array<int, 4> source_blocks(const Config& c) {
+  if (!c.torch_weights) return {0, 1, 2, 3};
+  if (c.cell == CellType::LSTM) return {0, 3, 1, 2};
+  if (c.cell == CellType::GRU) return {1, 0, 2, 0};
+  return {0, 0, 0, 0};
+}
+
+std::vector<Weights> split_weights(const Config& c, at::TensorList weights) {
+  std::vector<Weights> result(c.directions);
+  if (c.torch_weights) {
+    const size_t per = weights.size() / c.directions;
+    TORCH_CHECK_VALUE(per == 2 || per == 4, "recurrent op: expected 2 or 4 torch weights per direction");
+    for (int d = 0; d < c.directions; ++d) {
+      result[d].W = weights[d * per];
+      result[d].R = weights[d * per + 1];
+      if (per == 4) {
+        result[d].Wb = weights[d * per + 2];
+        result[d].Rb = weights[d * per + 3];
+      }
+    }
+    return result;
+  }
+  TORCH_CHECK_VALUE(weights.size() == c.letters.size(), "recurrent op: expected ", c.letters.size(), " weights");
+  for (size_t k = 0; k < c.letters.size(); ++k) {
+    const at::Tensor& w = weights[k];
+    for (int d = 0; d < c.directions; ++d) {
+      switch (c.letters[k]) {
+        case 'W': result[d].W = w[d]; break;
+        case 'R': result[d].R = w[d]; break;
+        case 'B': {
+          at::Tensor halves = w[d].view({2, -1});
+          result[d].Wb = halves[0];
+          result[d].Rb = halves[1];
+          break;
+        }
+        case 'P': result[d].P = w[d]; break;
+      }
+    }
+  }
+  return result;
+}
+
+struct Packed {  // one direction, every gate block in ONNX gate order, hidden units padded to whole blocks
+  at::Tensor input;      // Wᵀ: [blocks, I, gates, lanes]
+  at::Tensor bias;       // the biases folded into the input projection, [blocks, gates, lanes] (zeros if none)
+  at::Tensor recurrent;  // Rᵀ: [blocks, H, gates, lanes] (GRU without linear_before_reset: z and r only)
+  at::Tensor candidate;  // GRU without linear_before_reset: the h gate's Rᵀ, [blocks, H, 1, lanes]
+  at::Tensor inner;      // GRU with linear_before_reset: Rb of the h gate, which r multiplies, [blocks, lanes]
+  at::Tensor peepholes;  // LSTM: [3, Hpad] (i, o, f)
+};
+
+// Rows [g·H, (g+1)·H) of M [gates·H, K] for each block g of `rows`, as [blocks, K, len(rows), lanes] zero-padded
+// to whole blocks: the panel a tile multiplies.
+at::Tensor pack_rows(const at::Tensor& M, const std::vector<int>& rows, int64_t hidden, int64_t lanes) {
+  const int64_t padded = (hidden + lanes - 1) / lanes * lanes;
+  std::vector<at::Tensor> gates;
+  for (int block : rows) {
+    at::Tensor g = at::constant_pad_nd(M.narrow(0, block * hidden, hidden), {0, 0, 0, padded - hidden});
+    gates.push_back(g.view({padded / lanes, lanes, M.size(1)}).permute({0, 2, 1}));  // [blocks, K, lanes]
+  }
+  return at::stack(gates, 2).contiguous();
+}
+
+// Blocks `rows` of v [gates·H] as [blocks, len(rows), lanes], zero-padded.
+at::Tensor pack_vector(const at::Tensor& v, const std::vector<int>& rows, int64_t hidden, int64_t lanes) {
+  return pack_rows(v.view({-1, 1}), rows, hidden, lanes).view({-1, static_cast<int64_t>(rows.size()), lanes});
+}
+
+Packed pack(const Config& c, const Weights& w, at::ScalarType dtype, int64_t lanes) {
+  const int64_t hidden = w.R.size(1), hpad = (hidden + lanes - 1) / lanes * lanes;
+  const std::array<int, 4> src = source_blocks(c);
+  const std::vector<int> all(src.begin(), src.begin() + c.gates);
+  const bool split_candidate = c.cell == CellType::GRU && !c.linear_before_reset;
+  const at::Tensor R = w.R.to(dtype);
+  Packed p;
+  p.input = pack_rows(w.W.to(dtype), all, hidden, lanes);
+  p.recurrent = pack_rows(R, split_candidate ? std::vector<int>{src[0], src[1]} : all, hidden, lanes);
+  if (split_candidate) p.candidate = pack_rows(R, {src[2]}, hidden, lanes);
+  at::Tensor bias = at::zeros({c.gates * hidden}, R.options());
+  if (w.Wb.defined()) {
+    at::Tensor rb = w.Rb.to(dtype).clone();
+    if (c.cell == CellType::GRU && c.linear_before_reset) {  // r multiplies the h gate's Rb: it stays in the step
+      at::Tensor inside = rb.narrow(0, src[2] * hidden, hidden);
+      p.inner = pack_vector(inside.clone(), {0}, hidden, lanes).view({-1, lanes});
+      inside.zero_();
+    }
+    bias = w.Wb.to(dtype) + rb;
+  }
+  p.bias = pack_vector(bias, all, hidden, lanes);
+  if (!p.inner.defined() && c.cell == CellType::GRU && c.linear_before_reset)
+    p.inner = at::zeros({hpad / lanes, lanes}, R.options());
+  if (w.P.defined()) p.peepholes = at::constant_pad_nd(w.P.to(dtype).view({3, hidden}), {0, hpad - hidden});
+  return p;
+}
+
+// Packed weights per node and weight version. A weight modified in place bumps its version counter; a new tensor
+// has a new identity (held weakly: a freed tensor's address may be reused). Inference tensors have no version
+// counter: their weights are packed at every call.
+class PackCache {
+ public:
+  using Entry = std::shared_ptr<const std::vector<Packed>>;  // per direction
+
+  Entry get(const Config& c, at::TensorList weights, at::ScalarType dtype, int64_t lanes) {
+    Key key{&c, dtype, {}, {}, {}};
+    bool cacheable = true;
+    for (const at::Tensor& w : weights) {
+      if (w.is_inference()) {
+        cacheable = false;
+        break;
+      }
+      key.tensors.emplace_back(w.getIntrusivePtr());
+      key.versions.push_back(w._version());
+      key.data.push_back(w.data_ptr());
+    }
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->first.matches(key, weights)) {
+          entries_.splice(entries_.begin(), entries_, it);  // most recently used first
+          return it->second;
+        }
+      }
+    }
+    auto packed = std::make_shared<std::vector<Packed>>();
+    for (const Weights& w : split_weights(c, weights)) packed->push_back(pack(c, w, dtype, lanes));
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      entries_.emplace_front(std::move(key), packed);
+      if (entries_.size() > kCapacity) entries_.pop_back();
+    }
+    return packed;
+  }
+
+ private:
+  struct Key {
+    const Config* config;
+    at::ScalarType dtype;
+    std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> tensors;
+    std::vector<int64_t> versions;
+    std::vector<const void*> data;
+
+    bool matches(const Key& other, at::TensorList weights) const {
+      if (config != other.config || dtype != other.dtype || tensors.size() != weights.size()) return false;
+      for (size_t k = 0; k < weights.size(); ++k) {
+        if (versions[k] != other.versions[k] || data[k] != other.data[k] ||
+            tensors[k].lock().get() != weights[k].unsafeGetTensorImpl())
+          return false;
+      }
+      return true;
+    }
+  };
+  static constexpr size_t kCapacity = 64;
+  std::mutex mutex_;
+  std::list<std::pair<Key, Entry>> entries_;
+};
+
+PackCache& pack_cache() {
+  static PackCache cache;
+  return cache;
+}
+
+// ---- one direction's recurrence ---------------------------------------------------------------------------------
+
+// The state's product for a tile of MR rows and one block: acc[m][g] = Σ_k a[m, k] · panel[k, g, :], with U
+// independent partial sums over k so that at least 8 FMA chains are in flight.
+template <typename T, int MR, int G>
+inline void product(const T* a, int64_t lda, const T* panel, int64_t K, V<T> (&acc)[MR][G]) {
+  constexpr int L = Vec<T>::lanes;
+  constexpr int U = MR * G >= 8 ? 1 : MR * G >= 4 ? 2 : 4;
+  V<T> part[U][MR][G] = {};
+  int64_t k = 0;
+  for (; k + U <= K; k += U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) {
+      V<T> b[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) {
+        b[g] = load(panel + ((k + u) * G + g) * L);
+        // in a register: folded into each FMA as a memory operand, b would be loaded MR times (load-bound)
+        asm volatile("" : "+v"(b[g]));
+      }
+#pragma GCC unroll 4
+      for (int m = 0; m < MR; ++m) {
+        const T s = a[m * lda + k + u];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) part[u][m][g] += b[g] * s;
+      }
+    }
+  }
+  for (; k < K; ++k) {
+    for (int g = 0; g < G; ++g) {
+      const V<T> b = load(panel + (k * G + g) * L);
+      for (int m = 0; m < MR; ++m) part[0][m][g] += b * a[m * lda + k];
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    for (int g = 0; g < G; ++g) {
+      acc[m][g] = part[0][m][g];
+      for (int u = 1; u < U; ++u) acc[m][g] += part[u][m][g];
+    }
+  }
+}
+
+enum class Row : char { Active, Masked, Finished };
+
+// One direction's recurrence over buffers laid out by `run` below.
+template <typename T>
+struct Direction {
+  static constexpr int L = Vec<T>::lanes;
+  const Config* c;
+  int d;
+  int64_t steps, batch, hidden, hpad, blocks;
+  const Packed* packed;
+  // the input projection: time t of batch row n is xproj + (t * row_t + n * row_n) * x_stride, blocked like the
+  // packed weights: [blocks, gates, lanes]
+  T* xproj;
+  int64_t x_stride, row_t, row_n;
+  const int64_t* lens;
+  const bool* mask;
+  T* y;  // nullptr when Y is not asked for; else Y + this direction's offset
+  int64_t y_t, y_n;
+  T *h_prev, *h_next, *cell, *z, *rh, *last;  // [batch, hpad] each
+  // per step
+  std::vector<Row> rows;
+  std::vector<const T*> x_rows;
+  std::vector<T*> y_rows;
+
+  const Activation& act(int role) const { return c->activation(d, role); }
+
+  // X·Wᵀ + biases for every time step, in tiles of rows of X (x [rows, I]).
+  template <int G>
+  void project(const T* x, int64_t rows_total, int64_t input) {
+    const T* panels = packed->input.data_ptr<T>();
+    const T* bias = packed->bias.data_ptr<T>();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const T* panel = panels + b * input * G * L;
+      int64_t r = 0;
+      for (; r + kTile <= rows_total; r += kTile) project_tile<kTile, G>(x, input, panel, bias + b * G * L, r, b);
+      switch (rows_total - r) {
+        case 1: project_tile<1, G>(x, input, panel, bias + b * G * L, r, b); break;
+        case 2: project_tile<2, G>(x, input, panel, bias + b * G * L, r, b); break;
+        case 3: project_tile<3, G>(x, input, panel, bias + b * G * L, r, b); break;
+        default: break;
+      }
+    }
+  }
+
+  template <int MR, int G>
+  void project_tile(const T* x, int64_t input, const T* panel, const T* bias, int64_t r, int64_t b) {
+    V<T> acc[MR][G];
+    product<T, MR, G>(x + r * input, input, panel, input, acc);
+    for (int m = 0; m < MR; ++m) {
+      T* out = xproj + (r + m) * x_stride + b * G * L;
+      for (int g = 0; g < G; ++g) store(out + g * L, acc[m][g] + load(bias + g * L));
+    }
+  }
+
+  // Which rows run at processing step s, the x and Y rows they read and write (time order: reversed per row).
+  void prepare_step(int64_t s) {
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t length = lens ? lens[n] : steps;
+      if (s >= length) {
+        rows[n] = Row::Finished;
+        continue;
+      }
+      const int64_t t = c->reversed(d) ? length - 1 - s : s;
+      const int64_t row = t * row_t + n * row_n;
+      rows[n] = mask && !mask[row] ? Row::Masked : Row::Active;
+      x_rows[n] = xproj + row * x_stride;
+      y_rows[n] = y ? y + t * y_t + n * y_n : nullptr;
+    }
+  }
+
+  // A row that does not run this step keeps its state; a masked one outputs zeros or its previous output.
+  void hold(int64_t n, int64_t b) {
+    const int64_t at = n * hpad + b * L;
+    store(h_next + at, load(h_prev + at));
+    if (rows[n] == Row::Masked && y_rows[n])
+      store(y_rows[n] + b * L, c->mask_output == 1 ? load(last + at) : V<T>{}, std::min<int64_t>(L, hidden - b * L));
+  }
+
+  void emit(int64_t n, int64_t b, V<T> h) {
+    const int64_t at = n * hpad + b * L;
+    store(h_next + at, h);
+    if (y_rows[n]) store(y_rows[n] + b * L, h, std::min<int64_t>(L, hidden - b * L));
+    if (last) store(last + at, h);
+  }
+
+  V<T> clip(V<T> x) const { return c->has_clip ? clamp<T>(x, -c->clip, c->clip) : x; }
+
+  V<T> x_gate(int64_t n, int g, int64_t b) const { return load(x_rows[n] + (b * c->gates + g) * L); }
+
+  template <int MR>
+  void lstm_tile(int64_t n0, int64_t b) {
+    V<T> acc[MR][4];
+    product<T, MR, 4>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * 4 * L, hidden, acc);
+    const T* peep = packed->peepholes.defined() ? packed->peepholes.data_ptr<T>() + b * L : nullptr;
+    for (int m = 0; m < MR; ++m) {
+      const int64_t n = n0 + m;
+      if (rows[n] != Row::Active) {
+        hold(n, b);
+        continue;
+      }
+      T* c_at = cell + n * hpad + b * L;
+      const V<T> c_prev = load(c_at);
+      V<T> i = acc[m][0] + x_gate(n, 0, b), o = acc[m][1] + x_gate(n, 1, b);
+      V<T> f = acc[m][2] + x_gate(n, 2, b), g = acc[m][3] + x_gate(n, 3, b);
+      if (peep) {  // onnxruntime clips after adding the peephole term
+        i += load(peep) * c_prev;
+        f += load(peep + 2 * hpad) * c_prev;
+      }
+      i = activate<T>(act(0), clip(i));
+      f = c->input_forget ? 1 - i : activate<T>(act(0), clip(f));
+      const V<T> c_new = f * c_prev + i * activate<T>(act(1), clip(g));  // C itself is not clipped
+      if (peep) o += load(peep + hpad) * c_new;
+      store(c_at, c_new);
+      emit(n, b, activate<T>(act(0), clip(o)) * activate<T>(act(2), c_new));
+    }
+  }
+
+  template <int MR>
+  void gru_tile(int64_t n0, int64_t b) {  // linear_before_reset: h~ = g(xh + r * (H·Rhᵀ + Rbh))
+    V<T> acc[MR][3];
+    product<T, MR, 3>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * 3 * L, hidden, acc);
+    const V<T> inner = load(packed->inner.data_ptr<T>() + b * L);
+    for (int m = 0; m < MR; ++m) {
+      const int64_t n = n0 + m;
+      if (rows[n] != Row::Active) {
+        hold(n, b);
+        continue;
+      }
+      const V<T> z = activate<T>(act(0), clip(acc[m][0] + x_gate(n, 0, b)));
+      const V<T> r = activate<T>(act(0), clip(acc[m][1] + x_gate(n, 1, b)));
+      const V<T> candidate = activate<T>(act(1), clip(x_gate(n, 2, b) + r * (acc[m][2] + inner)));
+      const V<T> h = load(h_prev + n * hpad + b * L);
+      emit(n, b, candidate + z * (h - candidate));  // (1 - z) * h~ + z * H
+    }
+  }
+
+  template <int MR>
+  void gru_gates_tile(int64_t n0, int64_t b) {  // without linear_before_reset, first z and r * H for all units
+    V<T> acc[MR][2];
+    product<T, MR, 2>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * 2 * L, hidden, acc);
+    for (int m = 0; m < MR; ++m) {
+      const int64_t n = n0 + m, at = n * hpad + b * L;
+      if (rows[n] != Row::Active) continue;
+      store(z + at, activate<T>(act(0), clip(acc[m][0] + x_gate(n, 0, b))));
+      const V<T> r = activate<T>(act(0), clip(acc[m][1] + x_gate(n, 1, b)));
+      store(rh + at, r * load(h_prev + at));
+    }
+  }
+
+  template <int MR>
+  void gru_candidate_tile(int64_t n0, int64_t b) {  // then h~ = g(xh + (r * H)·Rhᵀ + Rbh)
+    V<T> acc[MR][1];
+    product<T, MR, 1>(rh + n0 * hpad, hpad, packed->candidate.data_ptr<T>() + b * hidden * L, hidden, acc);
+    for (int m = 0; m < MR; ++m) {
+      const int64_t n = n0 + m, at = n * hpad + b * L;
+      if (rows[n] != Row::Active) {
+        hold(n, b);
+        continue;
+      }
+      const V<T> candidate = activate<T>(act(1), clip(acc[m][0] + x_gate(n, 2, b)));
+      const V<T> h = load(h_prev + at);
+      emit(n, b, candidate + load(z + at) * (h - candidate));
+    }
+  }
+
+  template <int MR>
+  void rnn_tile(int64_t n0, int64_t b) {
+    V<T> acc[MR][1];
+    product<T, MR, 1>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * L, hidden, acc);
+    for (int m = 0; m < MR; ++m) {
+      const int64_t n = n0 + m;
+      if (rows[n] != Row::Active) {
+        hold(n, b);
+        continue;
+      }
+      emit(n, b, activate<T>(act(0), clip(acc[m][0] + x_gate(n, 0, b))));
+    }
+  }
+
+  // Every row tile of the blocks [b0, b1), through the tile function chosen at run time by the tile's rows.
+  template <template <int> class Tile>
+  void blocks_of(int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t n = 0;
+      for (; n + kTile <= batch; n += kTile) Tile<kTile>::run(*this, n, b);
+      switch (batch - n) {
+        case 1: Tile<1>::run(*this, n, b); break;
+        case 2: Tile<2>::run(*this, n, b); break;
+        case 3: Tile<3>::run(*this, n, b); break;
+        default: break;
+      }
+    }
+  }
+
+  template <int MR> struct Lstm { static void run(Direction& s, int64_t n, int64_t b) { s.lstm_tile<MR>(n, b); } };
+  template <int MR> struct Gru { static void run(Direction& s, int64_t n, int64_t b) { s.gru_tile<MR>(n, b); } };
+  template <int MR> struct GruGates {
+    static void run(Direction& s, int64_t n, int64_t b) { s.gru_gates_tile<MR>(n, b); }
+  };
+  template <int MR> struct GruCandidate {
+    static void run(Direction& s, int64_t n, int64_t b) { s.gru_candidate_tile<MR>(n, b); }
+  };
+  template <int MR> struct Rnn { static void run(Direction& s, int64_t n, int64_t b) { s.rnn_tile<MR>(n, b); } };
+
+  // Splits the blocks over threads when `parallel`, else runs them here.
+  template <template <int> class Tile>
+  void over_blocks(bool parallel) {
+    if (!parallel) return blocks_of<Tile>(0, blocks);
+    at::parallel_for(0, blocks, 1, [this](int64_t b0, int64_t b1) { blocks_of<Tile>(b0, b1); });
+  }
+
+  // `longest` steps: the longest row's length. Every step writes every row's state into h_next (rows that do not
+  // run copy theirs), so after the loop h_prev holds each row's state after its own last step.
+  void recur(int64_t longest, bool parallel) {
+    for (int64_t s = 0; s < longest; ++s) {
+      prepare_step(s);
+      switch (c->cell) {
+        case CellType::LSTM: over_blocks<Lstm>(parallel); break;
+        case CellType::RNN: over_blocks<Rnn>(parallel); break;
+        case CellType::GRU:
+          if (c->linear_before_reset) {
+            over_blocks<Gru>(parallel);
+          } else {
+            over_blocks<GruGates>(parallel);
+            over_blocks<GruCandidate>(parallel);
+          }
+          break;
+      }
+      std::swap(h_prev, h_next);
+    }
+  }
+};
+
+// ---- checks (the messages of runtime.py's) -------------------------------------------------------------------------
+
+template <typename Shape>
+std::string shape_text(const Shape& shape) {  // as Python prints a list: [2, 3]
+  std::ostringstream text;
+  text << "[";
+  for (size_t k = 0; k < shape.size(); ++k) text << (k ? ", " : "") << shape[k];
+  text << "]";
+  return text.str();
+}
+
+// `expected` in layout 0; `batch_major` says the tensor is in layout 1 (its first two dims swapped).
+void check_shape(const std::string& name, const at::Tensor& t, std::vector<int64_t> expected,
+                 bool batch_major = false) {
+  if (!t.defined()) return;
+  const at::IntArrayRef sizes = t.sizes();
+  std::vector<int64_t> got(sizes.begin(), sizes.end());
+  if (batch_major && got.size() >= 2) std::swap(got[0], got[1]);
+  TORCH_CHECK_VALUE(got == expected, name, " must have shape ", shape_text(expected), ", got ", shape_text(got));
+}
+
+// The hidden size, after checking every weight's shape against X's input size (the Python path's messages).
+int64_t checked_hidden(const Config& c, at::TensorList weights, int64_t input) {
+  const int64_t D = c.directions;
+  if (c.torch_weights) {
+    const size_t per = weights.size() / D;
+    TORCH_CHECK_VALUE((per == 2 || per == 4) && per * D == weights.size(), "recurrent op: bad torch weights");
+    const int64_t hidden = weights[1].size(-1), gh = c.gates * hidden;
+    for (int64_t d = 0; d < D; ++d) {
+      check_shape("weight_ih", weights[d * per], {gh, input});
+      check_shape("weight_hh", weights[d * per + 1], {gh, hidden});
+      for (size_t k = 2; k < per; ++k) check_shape("bias", weights[d * per + k], {gh});
+    }
+    return hidden;
+  }
+  TORCH_CHECK_VALUE(weights.size() == c.letters.size() && c.letters.substr(0, 2) == "WR",
+                    "recurrent op: expected the weights ", c.letters);
+  const int64_t hidden = weights[1].size(-1), gh = c.gates * hidden;
+  check_shape("W", weights[0], {D, gh, input});
+  check_shape("R", weights[1], {D, gh, hidden});
+  for (size_t k = 2; k < weights.size(); ++k) {
+    if (c.letters[k] == 'B') check_shape("B", weights[k], {D, 2 * gh});
+    if (c.letters[k] == 'P') check_shape("P", weights[k], {D, 3 * hidden});
+  }
+  return hidden;
+}
+
+// t in the compute dtype and contiguous, without a dispatch when it already is.
+at::Tensor as_compute(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() ? t : t.to(dtype).contiguous();
+}
+
+at::Tensor checked_lengths(const std::optional<at::Tensor>& sequence_lens, int64_t steps, int64_t batch) {
+  if (!sequence_lens) return {};
+  at::Tensor lens = sequence_lens->to(at::kLong).contiguous();
+  TORCH_CHECK_VALUE(lens.sizes() == at::IntArrayRef({batch}), "sequence_lens must have shape [", batch,
+                    "] (the batch size), got ", shape_text(lens.sizes()));
+  const int64_t* p = lens.data_ptr<int64_t>();
+  if (std::any_of(p, p + batch, [steps](int64_t v) { return v < 0 || v > steps; })) {
+    std::ostringstream values;
+    for (int64_t n = 0; n < batch; ++n) values << (n ? ", " : "") << p[n];
+    TORCH_CHECK_VALUE(false, "sequence_lens values must lie in [0, ", steps, "] (the sequence length of X), got [",
+                      values.str(), "]");
+  }
+  return lens;
+}
+
+// ---- the op -----------------------------------------------------------------------------------------------------
+
+// Copies states between a [D, N, H] / [N, D, H] tensor (by layout) and the [D, N, hpad] work buffers.
+template <typename T>
+void copy_states(const Config& c, const T* from, T* to, int64_t batch, int64_t hidden, int64_t hpad,
+                 bool into_buffers) {
+  for (int d = 0; d < c.directions; ++d) {
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t buffer = (d * batch + n) * hpad;
+      const int64_t tensor = (c.layout ? n * c.directions + d : d * batch + n) * hidden;
+      std::memcpy(to + (into_buffers ? buffer : tensor), from + (into_buffers ? tensor : buffer), sizeof(T) * hidden);
+    }
+  }
+}
+
+template <typename T>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Tensor& X, at::TensorList weights,
+                                                   const at::Tensor& lens, const at::Tensor& h0,
+                                                   const at::Tensor& c0, const at::Tensor& mask) {
+  constexpr int L = Vec<T>::lanes;
+  const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
+  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1), input = X.size(2);
+  const int D = c.directions;
+  const int64_t hidden = checked_hidden(c, weights, input), gh = c.gates * hidden;
+  const int64_t hpad = (hidden + L - 1) / L * L, blocks = hpad / L;
+  const auto options = X.options().dtype(dtype);
+  const std::vector<int64_t> state_shape =
+      c.layout ? std::vector<int64_t>{batch, D, hidden} : std::vector<int64_t>{D, batch, hidden};
+  check_shape("initial_h (as [num_directions, batch, hidden])", h0, {D, batch, hidden}, c.layout);
+  check_shape("initial_c (as [num_directions, batch, hidden])", c0, {D, batch, hidden}, c.layout);
+  const PackCache::Entry packed = pack_cache().get(c, weights, dtype, L);
+
+  // One workspace: the input projection [D, T·N, blocks·gates·lanes], then h (twice), C, z, r·H and the held
+  // outputs, [D, N, hpad] each.
+  const int64_t rows = steps * batch, x_stride = blocks * c.gates * L, state = D * batch * hpad;
+  at::Tensor work = at::empty({D * rows * x_stride + 6 * state}, options);
+  T* base = work.data_ptr<T>();
+  T *h = base + D * rows * x_stride, *cell = h + 2 * state, *scratch = cell + state;
+  std::fill(h, h + 6 * state, T(0));
+  if (h0.defined()) copy_states(c, as_compute(h0, dtype).data_ptr<T>(), h, batch, hidden, hpad, true);
+  if (c0.defined()) copy_states(c, as_compute(c0, dtype).data_ptr<T>(), cell, batch, hidden, hpad, true);
+
+  const bool any_lens = lens.defined();
+  at::Tensor y;  // zeros past each row's length: only the steps that run are written
+  if (c.outputs[0]) {
+    const auto y_shape = c.layout ? std::vector<int64_t>{batch, steps, D, hidden}
+                                  : std::vector<int64_t>{steps, D, batch, hidden};
+    y = any_lens ? at::zeros(y_shape, options) : at::empty(y_shape, options);
+  }
+  const at::Tensor x = as_compute(X, dtype);  // rows t·N + n, or n·T + t for layout 1
+  std::vector<Direction<T>> runs(D);
+  for (int d = 0; d < D; ++d) {
+    Direction<T>& r = runs[d];
+    r.c = &c;
+    r.d = d;
+    r.steps = steps;
+    r.batch = batch;
+    r.hidden = hidden;
+    r.hpad = hpad;
+    r.blocks = blocks;
+    r.packed = &(*packed)[d];
+    r.xproj = base + d * rows * x_stride;
+    r.x_stride = x_stride;
+    r.row_t = c.layout ? 1 : batch;
+    r.row_n = c.layout ? steps : 1;
+    r.lens = any_lens ? lens.data_ptr<int64_t>() : nullptr;
+    r.mask = mask.defined() ? mask.data_ptr<bool>() : nullptr;
+    r.y = c.outputs[0] ? y.data_ptr<T>() + (c.layout ? d * hidden : d * batch * hidden) : nullptr;
+    r.y_t = c.layout ? D * hidden : D * batch * hidden;
+    r.y_n = c.layout ? steps * D * hidden : hidden;
+    r.h_prev = h + d * batch * hpad;
+    r.h_next = h + state + d * batch * hpad;
+    r.cell = cell + d * batch * hpad;
+    r.z = scratch + d * batch * hpad;
+    r.rh = scratch + state + d * batch * hpad;
+    r.last = c.mask_output == 1 ? scratch + 2 * state + d * batch * hpad : nullptr;
+    r.rows.assign(batch, Row::Active);
+    r.x_rows.assign(batch, nullptr);
+    r.y_rows.assign(batch, nullptr);
+  }
+  // Threads: both directions at once, or one direction's blocks per step when a step is worth splitting.
+  const int threads = at::get_num_threads();
+  const int64_t step_work = batch * gh * hidden;
+  const int64_t longest = any_lens ? lens.max().item<int64_t>() : steps;
+  auto direction = [&](Direction<T>& r, bool parallel) {
+    switch (c.gates) {
+      case 4: r.template project<4>(x.data_ptr<T>(), rows, input); break;
+      case 3: r.template project<3>(x.data_ptr<T>(), rows, input); break;
+      default: r.template project<1>(x.data_ptr<T>(), rows, input); break;
+    }
+    r.recur(longest, parallel);
+  };
+  if (D == 2 && threads > 1) {
+    at::parallel_for(0, 2, 1, [&](int64_t d0, int64_t d1) {
+      for (int64_t d = d0; d < d1; ++d) direction(runs[d], false);
+    });
+  } else {
+    for (Direction<T>& r : runs) direction(r, threads > 1 && blocks > 1 && step_work >= (1 << 17));
+  }
+
+  // The final states: each row's after its last step; zero for a row of length 0 and for a sequence of length 0,
+  // initial states or not (onnxruntime).
+  at::Tensor y_h, y_c;
+  const T* last_h = h + (longest % 2) * state;
+  for (int k = 1; k < 3; ++k) {
+    if (!c.outputs[k] || (k == 2 && c.cell != CellType::LSTM)) continue;
+    at::Tensor out = at::empty(state_shape, options);
+    copy_states(c, k == 1 ? last_h : cell, out.data_ptr<T>(), batch, hidden, hpad, false);
+    if (steps == 0) {
+      out.zero_();
+    } else if (any_lens) {
+      const int64_t* l = lens.data_ptr<int64_t>();
+      for (int64_t n = 0; n < batch; ++n) {
+        if (l[n] == 0) (c.layout ? out[n] : out.select(1, n)).zero_();
+      }
+    }
+    (k == 1 ? y_h : y_c) = out;
+  }
+  auto output = [&](const at::Tensor& t) {
+    return !t.defined() ? at::empty({0}, X.options()) : dtype == X.scalar_type() ? t : t.to(X.scalar_type());
+  };
+  return {output(y), output(y_h), output(y_c)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
+    const at::Tensor& X, at::TensorList weights, c10::string_view config,
+    const std::optional<at::Tensor>& sequence_lens, const std::optional<at::Tensor>& initial_h,
+    const std::optional<at::Tensor>& initial_c, const std::optional<at::Tensor>& mask) {
+  const Config& c = config_of(std::string_view(config.data(), config.size()));
+  TORCH_CHECK_VALUE(X.dim() == 3, "X must have 3 dimensions, got shape ", shape_text(X.sizes()));
+  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
+  at::Tensor lens = checked_lengths(sequence_lens, steps, batch);
+  if (lens.defined() && (lens == steps).all().item<bool>()) lens = at::Tensor();  // every row is full
+  at::Tensor mask_t;
+  TORCH_CHECK_VALUE(mask.has_value() == (c.mask_output >= 0),
+                    mask.has_value() ? "this node takes no mask input" : "this node takes a mask input");
+  if (mask) {
+    TORCH_CHECK_VALUE(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == X.size(0) &&
+                          mask->size(1) == X.size(1),
+                      "mask must be a bool tensor of X's first two dims (as [T, N]: [", steps, ", ", batch,
+                      "]), got ", mask->scalar_type(), " ", shape_text(mask->sizes()));
+    TORCH_CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
+    mask_t = mask->contiguous();
+  }
+  const at::Tensor h0 = initial_h.value_or(at::Tensor()), c0 = initial_c.value_or(at::Tensor());
+  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, lens, h0, c0, mask_t);
+  return run<float>(c, X, weights, lens, h0, c0, mask_t);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
+  m.impl("recurrent", &recurrent_cpu);
+}
+
+}  // namespace onnx2torch_rnn

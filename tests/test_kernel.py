@@ -1,0 +1,170 @@
+"""The native recurrent kernel against the Python recurrence (its reference), over random configurations; its
+weight cache; its errors. The parametrised recurrent tests against onnxruntime run with the kernel too (and CI runs
+them once more with ONNX2TORCH_RNN_NATIVE=0, for the Python path)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from onnx2torch_rnn.recurrent import OnnxGRU, OnnxLSTM, kernel, op
+from onnx2torch_rnn.recurrent.cells import CELLS, encode, make_config
+from onnx2torch_rnn.recurrent.runtime import recurrent
+
+pytestmark = pytest.mark.skipif(not kernel.enabled(), reason=f"{kernel.ENVIRONMENT}=0: the Python path only")
+
+ACTIVATIONS = ["Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRelu", "ScaledTanh", "HardSigmoid",
+               "Elu", "Softsign", "Softplus"]
+BOUNDED = ["Tanh", "Sigmoid", "HardSigmoid", "Softsign", "ScaledTanh"]  # for the gates: states stay finite
+
+
+def test_kernel_is_built():
+    """Where a compiler exists (CI: always), the kernel must build: a silent fallback would hide a broken build."""
+    if os.environ.get("CI") or kernel.load():
+        assert kernel.load(), "the native kernel did not build (see the warning)"
+
+
+def random_case(rng: random.Random):
+    """A random node configuration and inputs: every cell, direction, layout and activation, lengths (0 and T
+    included) or a mask, initial states, peepholes, clip, sizes down to hidden 1, batch 0 and T = 0."""
+    cell = CELLS[rng.choice(list(CELLS))]
+    direction = rng.choice(["forward", "reverse", "bidirectional"])
+    directions, gates, roles = (2 if direction == "bidirectional" else 1), cell.gates, len(cell.default_activations)
+    hidden, size, steps, batch = (rng.choice(v) for v in ([1, 3, 16, 17, 40], [1, 5, 16], [0, 1, 4, 7],
+                                                            [0, 1, 3, 5, 9]))
+    layout = rng.choice([0, 1])
+    dtype = rng.choice([torch.float32, torch.float64])
+    attributes = {}
+    if cell.op_type == "GRU":
+        attributes["linear_before_reset"] = rng.choice([0, 1])
+    if rng.random() < 0.3:
+        attributes["clip"] = 1.5
+    if cell.op_type == "LSTM" and rng.random() < 0.3:
+        attributes["input_forget"] = 1
+    if rng.random() < 0.4:
+        attributes["activations"] = [rng.choice(BOUNDED if k % roles == 0 else ACTIVATIONS)
+                                     for k in range(roles * directions)]
+        attributes["activation_alpha"] = [rng.uniform(0.1, 1) for _ in range(6)]
+        attributes["activation_beta"] = [rng.uniform(0.1, 1) for _ in range(6)]
+    masked = rng.random() < 0.2
+    cfg = make_config(cell, direction=direction, layout=layout,
+                      mask_output=rng.choice(["zero", "hold"]) if masked else None, **attributes)
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, generator=generator, dtype=dtype) * scale
+
+    weights = {"W": rand(directions, gates * hidden, size, scale=0.3), "R": rand(directions, gates * hidden, hidden,
+                                                                                scale=0.3)}
+    if rng.random() < 0.7:
+        weights["B"] = rand(directions, 2 * gates * hidden)
+    if cell.op_type == "LSTM" and rng.random() < 0.3:
+        weights["P"] = rand(directions, 3 * hidden)
+    X = rand(*((batch, steps, size) if layout else (steps, batch, size)))
+    state = (batch, directions, hidden) if layout else (directions, batch, hidden)
+    inputs = {"initial_h": rand(*state) if rng.random() < 0.5 else None,
+              "initial_c": rand(*state) if cell.op_type == "LSTM" and rng.random() < 0.5 else None,
+              "sequence_lens": None, "mask": None}
+    if masked:
+        inputs["mask"] = torch.rand(*X.shape[:2], generator=generator) < 0.7
+    elif rng.random() < 0.4:
+        inputs["sequence_lens"] = torch.randint(0, steps + 1, (batch,), generator=generator, dtype=torch.int32)
+    return cell, cfg, X, weights, inputs
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_kernel_matches_python(seed):
+    rng = random.Random(seed)
+    for _ in range(10):
+        cell, cfg, X, weights, inputs = random_case(rng)
+        expected = recurrent(cell, cfg, X, **weights, **inputs)
+        got = op.run(X, list(weights.values()), encode(cell, cfg, "".join(weights)), inputs["sequence_lens"],
+                     inputs["initial_h"], inputs["initial_c"], inputs["mask"])
+        tolerance = {"rtol": 1e-4, "atol": 1e-5} if X.dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+        for want, have in zip(expected, got, strict=True):
+            assert (want is None) == (have is None)
+            if want is not None:
+                torch.testing.assert_close(have, want, **tolerance, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
+def lstm(hidden=4, size=3, **kwargs):
+    torch.manual_seed(0)
+    return OnnxLSTM(hidden_size=hidden, W=torch.randn(1, 4 * hidden, size), R=torch.randn(1, 4 * hidden, hidden),
+                    B=torch.randn(1, 8 * hidden), **kwargs)
+
+
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_weights_changed_in_place_are_repacked(path):
+    """The kernel packs weights once per version: an optimizer step (in place) must be seen at the next call."""
+    module = lstm(clip=None if path == "fast" else 5.0)
+    assert module.fast == (path == "fast")
+    X = torch.randn(6, 2, 3)
+    with torch.no_grad():
+        before = module(X)[0].clone()
+        for p in module.parameters():
+            p.mul_(0.5)
+        after = module(X)[0]
+        assert not torch.allclose(before, after)
+        torch.testing.assert_close(after, recurrent(module.cell, module.config, X, **python_weights(module))[0])
+
+
+def test_new_weight_tensors_are_repacked():
+    module = lstm(clip=5.0)
+    X = torch.randn(6, 2, 3)
+    with torch.no_grad():
+        first = module(X)[0].clone()
+        module.R = torch.nn.Parameter(torch.randn_like(module.R))
+        torch.testing.assert_close(module(X)[0], recurrent(module.cell, module.config, X,
+                                                            **python_weights(module))[0])
+        assert not torch.allclose(first, module(X)[0])
+
+
+def test_inference_mode_weights():
+    """Tensors made under torch.inference_mode have no version counter: they are packed at every call."""
+    with torch.inference_mode():
+        module = lstm(clip=5.0)
+        X = torch.randn(6, 2, 3)
+        first = module(X)[0].clone()
+        module.W.mul_(2)
+        torch.testing.assert_close(module(X)[0], recurrent(module.cell, module.config, X,
+                                                            **python_weights(module))[0])
+        assert not torch.allclose(first, module(X)[0])
+
+
+def python_weights(module) -> dict:
+    if module.fast:
+        return {"W": None, "R": None, "torch_weights": module._fast_weights()}
+    return {k: getattr(module, k) for k in "WRBP"}
+
+
+BAD_INPUTS = {
+    "rank": ({"X": torch.randn(6, 3)}, "X must have 3 dimensions"),
+    "features": ({"X": torch.randn(6, 2, 5)}, r"(W|weight_ih) must have shape"),
+    "initial_h": ({"initial_h": torch.randn(1, 3, 4)}, r"initial_h \(as \[num_directions, batch, hidden\]\) must"),
+    "lens shape": ({"sequence_lens": torch.tensor([6, 6, 6])}, r"sequence_lens must have shape \[2\]"),
+    "lens range": ({"sequence_lens": torch.tensor([7, 1])}, r"sequence_lens values must lie in \[0, 6\]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_errors_match_the_python_path(case, path):
+    module = lstm(clip=None if path == "fast" else 5.0)
+    given, message = BAD_INPUTS[case]
+    args = {"X": torch.randn(6, 2, 3), **given}
+    with torch.no_grad(), pytest.raises(ValueError, match=message):
+        module(**args)
+    with pytest.raises(ValueError, match=message):  # the Python path (autograd)
+        module(**args)
+
+
+def test_gru_batch_zero_and_empty_sequence():
+    module = OnnxGRU(hidden_size=3, W=torch.randn(1, 9, 2), R=torch.randn(1, 9, 3), linear_before_reset=1)
+    with torch.no_grad():
+        y, y_h = module(torch.randn(0, 4, 2), initial_h=torch.randn(1, 4, 3))
+        assert y.shape == (0, 1, 4, 3) and torch.equal(y_h, torch.zeros(1, 4, 3))  # onnxruntime: zero states
+        y, y_h = module(torch.randn(5, 0, 2))
+        assert y.shape == (5, 1, 0, 3) and y_h.shape == (1, 0, 3)
