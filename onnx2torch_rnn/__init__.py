@@ -1,7 +1,8 @@
 """onnx2torch_rnn: import ONNX models, recurrent ones exactly, as torch.fx GraphModules.
 
 The whole public API: ``convert``, ``register_converter`` with ``OnnxNode`` / ``Converted`` for custom converters,
-``compare`` (the converted model against onnxruntime, with the first diverging node), and the error types.
+``compare`` (the converted model against onnxruntime, with the first diverging node), ``to_onnx`` (a converted,
+fine-tuned module back to ONNX, as a drop-in replacement of its model), and the error types.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .builder import ConversionContext, build
 from .checking import compare
 from .errors import (
     ConversionError,
+    ExportError,
     InvalidModelError,
     Onnx2TorchError,
     UnsupportedAttributeError,
@@ -22,6 +24,7 @@ from .errors import (
 )
 from .loading import ModelSource, load_model
 from .node import Converted, OnnxNode
+from .onnx_export import to_onnx
 from .recurrent import onnx_translation_table
 from .registry import register_converter
 
@@ -29,6 +32,7 @@ __all__ = [
     "ConversionContext",
     "ConversionError",
     "Converted",
+    "ExportError",
     "InvalidModelError",
     "Onnx2TorchError",
     "OnnxNode",
@@ -38,6 +42,7 @@ __all__ = [
     "convert",
     "onnx_translation_table",
     "register_converter",
+    "to_onnx",
 ]
 __version__ = "0.1.0"
 

@@ -28,6 +28,7 @@ from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .node import OnnxNode, attribute_value
 from .registry import normalize_domain, resolve, schema_for
+from .signature import META_KEY, record
 from .tensors import to_torch, torch_dtype
 
 logger = logging.getLogger(__name__)  # DEBUG: one line per node (converter, module, fast/exact path)
@@ -210,6 +211,7 @@ def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = Non
     """``progress(done, total)`` is called after each node of the main graph."""
     check_supported(loaded.proto.graph, loaded.opsets)
     module = _build_graph(ConversionContext(loaded, loaded.proto.graph), loaded.proto.graph, progress).module
+    module.meta[META_KEY] = record(loaded.proto, loaded.types)  # names, dtypes and dims, for to_onnx
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
 
 

@@ -1,5 +1,6 @@
 """The ``onnx2torch-rnn`` command line: ``ops`` (what a model needs), ``check`` (convert and compare with
-onnxruntime, with a per-node bisect) and ``convert`` (standalone PyTorch code)."""
+onnxruntime, with a per-node bisect), ``convert`` (standalone PyTorch code) and ``to-onnx`` (a converted model, with
+fine-tuned weights, back to ONNX)."""
 
 from __future__ import annotations
 
@@ -246,6 +247,45 @@ def _bytes(size: int) -> str:
     return ""
 
 
+# ----------------------------------------------------------------------------------------------- to-onnx
+
+def to_onnx(args: argparse.Namespace) -> int:
+    """Convert MODEL, load --weights (a state_dict saved with torch.save), write it back to ONNX with to_onnx.
+    Exit 0 written, 1 refused (torch cannot export it, or onnxruntime's outputs differ: nothing written), 2 when
+    the model cannot be converted or the weights do not fit it."""
+    import torch
+
+    from .builder import build
+    from .loading import load_model
+    from .onnx_export import to_onnx as write_onnx
+    from .signature import recorded
+
+    try:
+        with _progress(args) as bar:
+            module = build(load_model(args.model, dequantize=args.dequantize), bar)
+        if args.weights:
+            module.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+    except (Onnx2TorchError, FileNotFoundError, RuntimeError) as error:
+        print(f"cannot convert {args.model}: {error}", file=sys.stderr)
+        return 2
+    symbolic = {spec.symbol(axis) for spec in recorded(module).inputs
+                for axis, d in enumerate(spec.dims or ()) if not isinstance(d, int)}
+    try:
+        summary = write_onnx(module, args.output, dims=dict(args.dim), dynamic=symbolic - set(args.static),
+                             opset=args.opset, check=not args.no_check)
+    except Onnx2TorchError as error:
+        print(f"not written: {error}", file=sys.stderr)
+        return 1
+    dynamic = ", ".join(summary.dynamic_dims) or "none"
+    print(f"wrote {summary.path} (opset {summary.opset}, {summary.recurrent_nodes} LSTM/GRU/RNN nodes, dynamic dims: "
+          f"{dynamic})")
+    if summary.checked_shapes:
+        shapes = " and ".join(str(s) for s in summary.checked_shapes)
+        print(f"checked: onnxruntime matches the module at input shapes {shapes}; max abs difference "
+              f"{summary.max_abs_error:.3g}")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------- plumbing
 
 def _pair(text: str, convert_value):
@@ -302,6 +342,22 @@ def main(argv: list[str] | None = None) -> int:
                         "(--dim, --int-range, --seed); symbolic dims are exported as dynamic where torch allows")
     _input_options(p)
     p.set_defaults(run=convert, inputs=None)
+
+    p = commands.add_parser("to-onnx", help="write the converted model (with --weights: fine-tuned) back to ONNX, "
+                                            "checked against onnxruntime")
+    p.add_argument("model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.onnx")
+    p.add_argument("--weights", metavar="STATE_DICT.pt",
+                   help="weights to load first: torch.save(model.state_dict(), ...) of the converted model")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", type=lambda t: _pair(t, int),
+                   help="example size of a symbolic dimension (default 4)")
+    p.add_argument("--static", action="append", default=[], metavar="NAME",
+                   help="export this symbolic dimension at its example size instead of dynamic")
+    p.add_argument("--opset", type=int, help="ONNX opset (default: the model's, at most 18)")
+    p.add_argument("--no-check", action="store_true", help="skip the check against onnxruntime")
+    p.add_argument("--verbose", "-v", action="store_true", help="log each node's converter")
+    p.add_argument("--dequantize", action="store_true", help="write the float model of a quantized one")
+    p.set_defaults(run=to_onnx)
 
     args = parser.parse_args(argv)
     return args.run(args)

@@ -45,3 +45,9 @@ class ConversionError(Onnx2TorchError):
     def __init__(self, node_name: str, op_type: str, message: str):
         self.node_name, self.op_type = node_name, op_type
         super().__init__(f"{op_type} node {node_name!r}: {message}")
+
+
+class ExportError(Onnx2TorchError):
+    """``to_onnx`` wrote nothing: torch cannot export the module (the message names the ONNX node whose module
+    fails, when known), or onnxruntime's outputs of the exported model differ from the module's (it names the
+    output)."""

@@ -8,6 +8,11 @@ import torch
 from torch import nn
 
 
+def ceil_div(a, b):
+    """ceil(a / b) for b > 0, written (a + b - 1) // b: exporters trace -(-a // b) as a truncating division."""
+    return (a + b - 1) // b
+
+
 def attributes_repr(module: nn.Module, names: Sequence[str]) -> str:
     """``extra_repr`` text listing the given attributes (the ONNX attributes a module was built with), skipping None."""
     return ", ".join(f"{n}={getattr(module, n)!r}" for n in names if getattr(module, n) is not None)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes_repr
+from .common import attributes_repr, ceil_div
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -108,7 +108,7 @@ def conv_pads(auto_pad: str, sizes: Sequence[int], kernel: Sequence[int], stride
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         begins, ends = [], []
         for size, k, s, d in zip(sizes, kernel, strides, dilations, strict=True):
-            need = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+            need = max(0, (ceil_div(size, s) - 1) * s + (k - 1) * d + 1 - size)
             head = (need + 1) // 2 if auto_pad == "SAME_LOWER" else need // 2
             begins.append(head)
             ends.append(need - head)
@@ -211,7 +211,7 @@ def pool_geometry(auto_pad: str, ceil_mode: int, sizes: Sequence[int], kernel: S
     result = []
     for i, (size, k, s, d) in enumerate(zip(sizes, kernel, strides, dilations, strict=True)):
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            need = (-(-size // s) - 1) * s + k - size
+            need = (ceil_div(size, s) - 1) * s + k - size
             head = _trunc_div(need + 1, 2) if auto_pad == "SAME_LOWER" else _trunc_div(need, 2)
             tail = need - head
         elif auto_pad == "VALID" or not pads:
@@ -220,7 +220,7 @@ def pool_geometry(auto_pad: str, ceil_mode: int, sizes: Sequence[int], kernel: S
             head, tail = pads[i], pads[i + n]
         # integer division, so sizes stay symbolic under torch.export (a window count below 0 is invalid anyway)
         reach = size + head + tail - ((k - 1) * d + 1)
-        out = (-(-reach // s) if ceil_mode else reach // s) + 1
+        out = (ceil_div(reach, s) if ceil_mode else reach // s) + 1
         if ceil_mode and (out - 1) * s >= size + head:
             out -= 1
         result.append((head, tail, out))
@@ -714,12 +714,13 @@ class Resize(nn.Module):
                 continue
             index, weight, inside = self._axis_taps(in_sizes[axis], out_sizes[axis], factors[axis], starts[axis],
                                                     ends[axis])
-            moved = y.movedim(axis, -1)[..., index.to(x.device)]  # (..., out, taps)
+            # (..., out, taps); rank - 1, not -1: the TorchScript exporter writes a -1 into a Transpose's perm
+            moved = y.movedim(axis, rank - 1)[..., index.to(x.device)]
             if weight is None:
                 moved = moved[..., 0]
             else:
                 moved = (moved * weight.to(device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))).sum(-1)
-            y = moved.to(x.dtype).movedim(-1, axis)
+            y = moved.to(x.dtype).movedim(rank - 1, axis)
             if self.coordinate_transformation_mode == "tf_crop_and_resize":
                 inside = inside.to(x.device).reshape(-1, *[1] * (rank - 1 - axis))
                 valid = inside if valid is None else valid & inside

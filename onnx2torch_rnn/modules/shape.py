@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from .common import attributes_repr
+from .common import attributes_repr, ceil_div
 
 
 def ints(static: Sequence[int] | None, tensor: torch.Tensor | list | None) -> list[int] | None:
@@ -162,7 +162,7 @@ class Split(_Attributes):
         sizes = ints(self.split, split)
         if sizes is None:
             n, parts = data.shape[self.axis], self.num_outputs
-            chunk = -(-n // parts)
+            chunk = ceil_div(n, parts)
             sizes = [chunk] * (parts - 1) + [n - chunk * (parts - 1)]  # the last part may be smaller
         return tuple(torch.split(data, sizes, dim=self.axis))
 
@@ -183,16 +183,25 @@ class Slice(_Attributes):
         for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
             axis %= data.dim()
             dim = data.shape[axis]
-            start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
-            if step > 0:
-                index[axis] = slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+            if step > 0:  # Python's slice clamps as ONNX does
+                index[axis] = slice(start, None if _past_the_end(end, dim) else end, step)
             else:  # walk the flipped axis forwards: element i sits at dim - 1 - i
+                start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
                 start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
                 index[axis] = slice(dim - 1 - start, dim - 1 - end, -step)
                 flipped.append(axis)
         if flipped:
             data = data.flip(flipped)
         return data[tuple(index)]
+
+
+def _past_the_end(end, dim) -> bool:
+    """Whether a slice ends at or past the dim: then its end is None, which keeps a traced size provable (torch
+    cannot simplify min(2147483647, s), and a Squeeze after such a slice falls to prims.view_of in torch.onnx). A
+    traced (symbolic) dim is taken as shorter than INT32_MAX, the exporters' "to the end"."""
+    if not isinstance(end, int):  # read from a tensor at run time
+        return False
+    return end >= (dim if isinstance(dim, int) else _INT32_MAX)
 
 
 class Gather(_Attributes):
@@ -240,6 +249,7 @@ class GatherND(_Attributes):
         return out.reshape(*indices.shape[:-1], *data.shape[b + k:])
 
 
+_INT32_MAX = 2**31 - 1
 _SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 
 

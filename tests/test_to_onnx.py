@@ -1,0 +1,343 @@
+"""Back to ONNX with ``to_onnx``: every exporter model of the suite (tests/models) is converted, trained one step,
+written with to_onnx and run by onnxruntime, which must equal the fine-tuned module at two shapes, with the
+original's input and output names and dtypes and its native LSTM/GRU/RNN nodes. A module torch cannot export is
+refused with the node named and nothing written (EXPECTED_REFUSALS: each listed model must still be refused for the
+reason given; when one starts to export, it fails here until it leaves the list and takes the whole trip).
+
+Also the exporter-friendly forms of converted modules (the TorchScript exporter and torch.onnx's dynamo exporter
+used directly) and the command line.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import torch
+from onnx import helper
+from torch.export import Dim
+
+import onnx2torch_rnn
+from onnx2torch_rnn import ExportError, to_onnx
+from onnx2torch_rnn.cli import main
+from onnx2torch_rnn.signature import recorded
+from tests.exporters.common import (
+    FLOAT16_TOLERANCE,
+    MODELS,
+    RECURRENT_OPS,
+    backward,
+    has_float16,
+    manifest_input_sets,
+    read_manifest,
+)
+from tests.helpers import make_model
+
+pytestmark = [pytest.mark.compile,  # and torch.onnx's own deprecation warnings:
+              pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")]
+
+# model -> why to_onnx refuses it (a regex on the error); the error must name the node
+LOOP = r"^Loop node '[^']+': torch.export cannot trace the module"  # until Loop exports as torch's while_loop
+SCAN = r"^Scan node '[^']+': its module pins dim 1 \('unk__\d+'\) of input 'x:0'"  # a Python loop over time
+KERAS_LOOPS = ["keras3_lstm_hard_sigmoid", "keras3_gru_reset_after", "keras3_gru_reset_before", "keras3_gru_last_state",
+               "keras3_gru_go_backwards", "keras3_gru_hard_sigmoid", "keras3_simple_rnn", "keras3_simple_rnn_relu_last",
+               "keras3_bi_gru_sum", "keras3_bi_rnn_last", "keras3_stacked", "keras3_embedding_mask_lstm",
+               "keras3_masking_gru", "keras3_tagger", "keras3_custom_cell", "tf_keras_gru_reset_before",
+               "tf_keras_gru_hard_sigmoid", "tf_keras_simple_rnn", "tf_keras_simple_rnn_relu_last",
+               "tf_keras_bi_rnn_last", "tf_keras_embedding_mask_lstm", "tf_keras_masking_gru", "tf_keras_tagger",
+               "tf_keras_custom_cell"]
+TF1_SCANS = ["tf_v1_lstm_peepholes", "tf_v1_lstm_cell_clip", "tf_v1_lstm_projection", "tf_v1_gru_cell",
+             "tf_v1_basic_rnn_cell", "tf_v1_bi_gru_cell", "tf_v1_lstm_sequence_length", "tf_v1_multi_cell"]
+EXPECTED_REFUSALS = {**{f"keras/{name}.onnx": LOOP for name in KERAS_LOOPS},
+                     **{f"keras/{name}.onnx": SCAN for name in TF1_SCANS}}
+
+# the default run: each kind of model once (the rest: -m slow; test_cli_writes_the_fine_tuned_model takes ts_lstm_op14)
+DEFAULT = {"torch/ts_crnn_op18.onnx", "torch/ts_lstm_half_op17.onnx",
+           "keras/keras3_lstm_last_nobias.onnx", "keras/keras3_gru_reset_after.onnx", "keras/tf_v1_gru_cell.onnx",
+           "quantized/ts_tagger_op17_qdq_u8s8.onnx"}
+
+
+def _cases() -> list:
+    cases = []
+    for folder in ("torch", "keras", "patterns", "quantized"):
+        manifest = read_manifest(MODELS / folder)
+        for entry in manifest["models"]:
+            key = f"{folder}/{entry['file']}"
+            sizes = entry["sizes"] if "sizes" in entry else manifest["sizes"]
+            marks = () if key in DEFAULT else pytest.mark.slow
+            cases.append(pytest.param(folder, entry, sizes, id=key.removesuffix(".onnx"), marks=marks))
+    return cases
+
+
+def trip_options(folder: str, entry: dict, sizes: dict, model: onnx.ModelProto) -> dict:
+    """to_onnx's dims (the export's sizes) and dynamic dims (the axes the manifest says the export left dynamic),
+    by the model's own dim names."""
+    symbolic = {i.name: [d.dim_param or f"{i.name}.{axis}" if not d.HasField("dim_value") else None
+                         for axis, d in enumerate(i.type.tensor_type.shape.dim)] for i in model.graph.input}
+    dims, dynamic = {}, set()
+    for name, spec in entry["inputs"].items():
+        for axis, label in enumerate(spec["dims"]):
+            onnx_dim = symbolic[name][axis]
+            if isinstance(label, str) and onnx_dim is not None:
+                dims[onnx_dim] = sizes[label]["export"]
+                if label in entry.get("dynamic_axes", [label]):
+                    dynamic.add(onnx_dim)
+    return {"dims": dims, "dynamic": dynamic}
+
+
+def train_one_step(module: torch.nn.Module, model: onnx.ModelProto, feeds: dict) -> None:
+    module.train()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    backward(module, model, feeds)
+    optimizer.step()
+
+
+def run_onnxruntime(path: Path, feeds: dict) -> list[np.ndarray]:
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def recurrent_nodes(model: onnx.ModelProto) -> int:
+    """LSTM/GRU/RNN nodes, the quantized DynamicQuantizeLSTM included (dequantize=True makes it an LSTM)."""
+    return sum(n.op_type in (*RECURRENT_OPS, "DynamicQuantizeLSTM") for n in model.graph.node)
+
+
+def interface(model: onnx.ModelProto, static: dict[str, int] | None = None) -> list:
+    """Names, element types and dims of the run-time inputs (``static`` symbolic dims as numbers), and names and
+    element types of the outputs."""
+    constants, static = {t.name for t in model.graph.initializer}, static or {}
+
+    def dims(tensor):
+        return [d.dim_value if d.HasField("dim_value") else static.get(d.dim_param, d.dim_param)
+                for d in tensor.shape.dim]
+
+    return [[(i.name, i.type.tensor_type.elem_type, dims(i.type.tensor_type)) for i in model.graph.input
+             if i.name not in constants],
+            [(o.name, o.type.tensor_type.elem_type) for o in model.graph.output]]
+
+
+@pytest.mark.parametrize("folder, entry, sizes", _cases())
+def test_exporter_model_round_trips(folder, entry, sizes, tmp_path):
+    key = f"{folder}/{entry['file']}"
+    model = onnx.load(MODELS / folder / entry["file"])
+    module = onnx2torch_rnn.convert(model, dequantize=folder == "quantized")
+    sets = manifest_input_sets(MODELS / folder, entry, sizes)
+    train_one_step(module, model, sets[0])
+    path = tmp_path / "model.onnx"
+    if key in EXPECTED_REFUSALS:
+        with pytest.raises(ExportError, match=EXPECTED_REFUSALS[key]):
+            to_onnx(module, path, **trip_options(folder, entry, sizes, model))
+        assert not list(tmp_path.iterdir()), "a refused model leaves nothing behind"
+        return
+    options = trip_options(folder, entry, sizes, model)
+    summary = to_onnx(module, path, **options)
+    written = onnx.load(path)
+    static = {name: size for name, size in options["dims"].items() if name not in options["dynamic"]}
+    assert interface(written) == interface(model, static)
+    assert recurrent_nodes(written) == summary.recurrent_nodes == recurrent_nodes(model)
+    assert min(recorded(module).opset, 18) <= summary.opset == written.opset_import[0].version <= 18
+    tolerance = FLOAT16_TOLERANCE if has_float16(model) else {"rtol": 1e-4, "atol": 1e-5}
+    names = [o.name for o in model.graph.output]
+    for feeds in sets:  # the export's sizes twice, then other sizes on the dynamic axes
+        with torch.no_grad():
+            actual = module(*(torch.from_numpy(feeds[i.name]) for i in recorded(module).inputs))
+        actual = actual if isinstance(actual, tuple) else (actual,)
+        for name, got, want in zip(names, actual, run_onnxruntime(path, feeds), strict=True):
+            np.testing.assert_allclose(want, got.numpy(), strict=True, err_msg=f"output {name!r}", **tolerance)
+    before = run_onnxruntime(MODELS / folder / entry["file"], sets[0])
+    after = run_onnxruntime(path, sets[0])
+    assert max(np.abs(a.astype(np.float64) - b).max() for a, b in zip(after, before, strict=True)) > 1e-3, \
+        "the written model has the fine-tuned weights, not the original ones"
+
+
+def test_expected_refusals_name_models_of_the_suite():
+    keys = {f"{folder}/{entry['file']}" for folder in ("torch", "keras", "patterns", "quantized")
+            for entry in read_manifest(MODELS / folder)["models"]}
+    assert set(EXPECTED_REFUSALS) <= keys
+
+
+# ---- to_onnx's own contract -----------------------------------------------------------------------------------------
+
+RNG = np.random.default_rng(0)
+
+
+def _dense(opset: int = 17, **initializers) -> onnx.ModelProto:
+    """y = tanh(x @ w + b), x: [batch, 4]."""
+    weights = {"w": RNG.standard_normal((4, 3)).astype(np.float32), "b": RNG.standard_normal(3).astype(np.float32)}
+    weights.update(initializers)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="project"),
+             helper.make_node("Add", ["m", "b"], ["a"], name="shift"),
+             helper.make_node("Tanh", ["a"], ["y"], name="squash")]
+    return make_model(nodes, [("x", np.float32, ["batch", 4])], ["y"], weights, opset=opset)
+
+
+class _CompiledDiffers(torch.nn.Module):
+    """Computes what it wraps in eager mode and 1 % more while exported: an exported model that is wrong."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        y = self.inner(x)
+        return y * 1.01 if torch.compiler.is_compiling() else y
+
+
+def test_a_wrong_export_is_refused_and_nothing_is_written(tmp_path):
+    module = onnx2torch_rnn.convert(_dense())
+    module.squash = _CompiledDiffers(module.squash)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"previous")
+    with pytest.raises(ExportError, match=r"^output 'y' of the exported model differs from the module's at input "
+                                          r"shapes \[\[4, 4\]\]: max abs error .*; nothing written$"):
+        to_onnx(module, path)
+    assert path.read_bytes() == b"previous" and [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
+    summary = to_onnx(module, path, check=False)  # unchecked, it is written (and wrong)
+    assert summary.checked_shapes == [] and onnx.load(path).graph.output[0].name == "y"
+
+
+def test_names_numeric_and_pass_through_outputs(tmp_path):
+    """Numeric names, an output that is the input itself and one that repeats another output keep their names."""
+    nodes = [helper.make_node("Relu", ["0"], ["1"]), helper.make_node("Identity", ["0"], ["2"]),
+             helper.make_node("Identity", ["1"], ["3"])]
+    model = make_model(nodes, [("0", np.float32, ["n", 4])], ["1", "2", "3"])
+    module = onnx2torch_rnn.convert(model)
+    to_onnx(module, tmp_path / "m.onnx")
+    written = onnx.load(tmp_path / "m.onnx")
+    assert interface(written) == interface(model)
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    for got, want in zip(run_onnxruntime(tmp_path / "m.onnx", {"0": x}), [np.maximum(x, 0), x, np.maximum(x, 0)],
+                         strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_initializer_names_like_the_exporters_own(tmp_path):
+    """Constants named val_N (as torch.onnx's dynamo exporter names its values) become parameters and buffers of
+    those names; written back, they must not collide with the exporter's values ('Initializer val_3 is already
+    registered')."""
+    nodes, weights = [], {}
+    for i in (0, 3):
+        weights.update({f"val_{i}": np.array(0.5, np.float32), f"val_{i + 1}": np.array([-1, 4]),
+                        f"val_{i + 2}": RNG.standard_normal(4).astype(np.float32)})
+        nodes += [helper.make_node("Mul", ["x" if i == 0 else "s0", f"val_{i}"], [f"m{i}"]),
+                  helper.make_node("Reshape", [f"m{i}", f"val_{i + 1}"], [f"r{i}"]),
+                  helper.make_node("Add", [f"r{i}", f"val_{i + 2}"], [f"a{i}"]),
+                  helper.make_node("LeakyRelu", [f"a{i}"], ["s0" if i == 0 else "y"], alpha=0.3)]
+    module = onnx2torch_rnn.convert(make_model(nodes, [("x", np.float32, ["batch", 4])], ["y"], weights))
+    assert {"val_0", "val_3", "val_5"} <= set(module.state_dict())
+    assert to_onnx(module, tmp_path / "m.onnx").max_abs_error < 1e-6
+
+
+def test_opset_defaults_to_the_originals_where_the_converter_reaches_it(tmp_path):
+    module = onnx2torch_rnn.convert(_dense(opset=13))
+    assert to_onnx(module, tmp_path / "a.onnx", check=False).opset == 13
+    assert to_onnx(module, tmp_path / "b.onnx", opset=18, check=False).opset == 18
+    written = onnx.load(tmp_path / "a.onnx")
+    assert written.ir_version == 7 and written.producer_name == "onnx2torch_rnn"
+
+
+def test_argument_errors(tmp_path):
+    with pytest.raises(ExportError, match="no recorded ONNX signature"):
+        to_onnx(torch.nn.Linear(2, 2), tmp_path / "m.onnx")
+    module = onnx2torch_rnn.convert(_dense())
+    with pytest.raises(ExportError, match=r"dynamic names \['time'\], which are not symbolic dims .*\(batch\)"):
+        to_onnx(module, tmp_path / "m.onnx", dynamic=["time"])
+    with pytest.raises(ExportError, match=r"dynamic dim\(s\) \[0\] need a size of at least 2"):
+        to_onnx(module, tmp_path / "m.onnx", dims={"batch": 1})
+    with pytest.raises(ExportError, match=r"example input 'x' is torch\.float64"):
+        to_onnx(module, tmp_path / "m.onnx", [torch.zeros(2, 4, dtype=torch.float64)])
+    assert not list(tmp_path.iterdir())
+
+
+def test_static_dims_on_request_and_the_training_mode_is_restored(tmp_path):
+    module = onnx2torch_rnn.convert(_dense()).train()
+    summary = to_onnx(module, tmp_path / "m.onnx", dims={"batch": 5}, dynamic=False)
+    assert summary.dynamic_dims == [] and summary.checked_shapes == [[[5, 4]]]
+    assert interface(onnx.load(tmp_path / "m.onnx"))[0] == [("x", onnx.TensorProto.FLOAT, [5, 4])]
+    assert module.training
+
+
+# ---- exporter-friendly modules (torch.onnx used directly) -----------------------------------------------------------
+
+def _torchscript(module, x, name="x"):
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (x,), buffer, dynamo=False, input_names=[name], output_names=["y"],
+                      dynamic_axes={name: {2: "h", 3: "w"}})
+    return onnx.load_from_string(buffer.getvalue())
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:You are using the legacy TorchScript")
+def test_torchscript_export_keeps_ceil_mode_pool_sizes():
+    """The output size of a ceil_mode pool is a ceil division; written -(-a // b) it exports as a truncating Div."""
+    pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    module = onnx2torch_rnn.convert(make_model([pool], [("x", np.float32, [1, 2, "h", "w"])], ["y"]))
+    exported = _torchscript(module, torch.randn(1, 2, 8, 8))
+    for size in (10, 12):
+        x = RNG.standard_normal((1, 2, size, size)).astype(np.float32)
+        (got,) = onnxruntime.InferenceSession(exported.SerializeToString()).run(None, {"x": x})
+        np.testing.assert_array_equal(got, module(torch.from_numpy(x)).numpy())
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:You are using the legacy TorchScript")
+def test_torchscript_export_of_resize_is_valid_onnx():
+    """Resize moves each axis last and back: with -1 for the last axis, the exporter writes a Transpose perm of -1."""
+    resize = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")
+    model = make_model([resize], [("x", np.float32, [1, 2, "h", "w"])], ["y"],
+                       {"scales": np.array([1, 1, 2, 2], np.float32)})
+    module = onnx2torch_rnn.convert(model)
+    x = RNG.standard_normal((1, 2, 4, 5)).astype(np.float32)
+    exported = _torchscript(module, torch.from_numpy(x))
+    onnx.checker.check_model(exported, full_check=True)
+    (got,) = onnxruntime.InferenceSession(exported.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(got, module(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_dynamo_export_of_a_last_step_slice():
+    """Keras' last step: Slice(start -1, end INT32_MAX) then Squeeze. torch must prove the slice has one row, or
+    the squeeze decomposes to prims.view_of, which torch.onnx cannot translate."""
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("Squeeze", ["s", "axes"], ["y"])]
+    ints = {"starts": np.array([-1]), "ends": np.array([2**31 - 1]), "axes": np.array([0])}
+    module = onnx2torch_rnn.convert(make_model(nodes, [("x", np.float32, ["time", "batch", 3])], ["y"], ints))
+    program = torch.onnx.export(module, (torch.randn(5, 2, 3),), dynamo=True, verbose=False,
+                                dynamic_shapes={"x": {0: Dim("time"), 1: Dim("batch")}})
+    x = RNG.standard_normal((7, 4, 3)).astype(np.float32)
+    (got,) = onnxruntime.InferenceSession(program.model_proto.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(got, x[-1])
+
+
+# ---- command line ---------------------------------------------------------------------------------------------------
+
+def test_cli_writes_the_fine_tuned_model(tmp_path, capsys):
+    source = MODELS / "torch" / "ts_lstm_op14.onnx"
+    module = onnx2torch_rnn.convert(source)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.mul_(0.5)
+    torch.save(module.state_dict(), tmp_path / "tuned.pt")
+    out = tmp_path / "tuned.onnx"
+    assert main(["to-onnx", str(source), "-o", str(out), "--weights", str(tmp_path / "tuned.pt"), "--dim",
+                 "time=3"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out} (opset 14, 1 LSTM/GRU/RNN nodes, dynamic dims: batch, time)" in printed
+    assert re.search(r"checked: onnxruntime matches the module at input shapes \[\[3, 4, 6\]\] and \[\[6, 7, 6\]\]",
+                     printed)
+    x = RNG.standard_normal((3, 2, 6)).astype(np.float32)
+    with torch.no_grad():
+        expected = module(torch.from_numpy(x))
+    for got, want in zip(run_onnxruntime(out, {"x": x}), expected, strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_cli_refusals_and_exit_codes(tmp_path, capsys):
+    loop = MODELS / "keras" / "keras3_gru_reset_after.onnx"
+    assert main(["to-onnx", str(loop), "-o", str(tmp_path / "m.onnx")]) == 1
+    assert re.search(r"^not written: Loop node '[^']+': torch.export cannot trace", capsys.readouterr().err)
+    torch.save({"nothing": torch.zeros(1)}, tmp_path / "bad.pt")
+    assert main(["to-onnx", str(MODELS / "torch" / "ts_lstm_op14.onnx"), "-o", str(tmp_path / "m.onnx"),
+                 "--weights", str(tmp_path / "bad.pt")]) == 2
+    assert "cannot convert" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt"]
