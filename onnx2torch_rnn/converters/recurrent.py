@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import InvalidModelError
 from ..node import Converted, OnnxNode
 from ..recurrent import InvalidAttribute, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent
+from ..recurrent.validation import INPUTS, InvalidInput, check_lengths_dtype, check_shapes
 from ..registry import register_converter
 
 _WEIGHTS = {"W": 1, "R": 2, "B": 3, "P": 7}  # input index of each weight-like input
@@ -22,6 +24,11 @@ _COMMON = """
 - sequence_lens, constant or computed at run time, unsorted, 0 allowed: a row stops at its length, Y is zero past
   it, Y_h/Y_c hold the state of its last valid step, the reverse direction runs over each row's own length, and a
   row of length 0 ends in zero states, not initial_h (onnxruntime). Values outside [0, T] raise at run time.
+- Shapes (D directions, G gates, H hidden_size, I input size, N batch): W [D, G*H, I], R [D, G*H, H], B [D, 2*G*H],
+  P [D, 3*H], initial_h/initial_c [D, N, H] (layout 1: [N, D, H]), sequence_lens [N], X's last dim I. Checked at
+  conversion where static (InvalidModelError naming node, input, expected and actual shape) and on what is passed at
+  run time (ValueError naming input, expected and actual shape; recurrent/validation.py). sequence_lens must be int32
+  (the spec's only type; at run time int64 is accepted too).
 - Outputs: any subset, positional. v1's output_sequence only says whether Y may be omitted: either value is
   accepted, and neither changes the numbers.
 - direction: forward, reverse, bidirectional. layout 0 and 1 (onnxruntime rejects 1; we follow the spec, checked
@@ -56,15 +63,23 @@ def _convert(node: OnnxNode, ctx, module_class: type[Recurrent]) -> Converted:
     runtime = tuple(key for key, name in names.items() if name is not None and constants[key] is None)
 
     hidden_size = attr("hidden_size")
-    r_shape = ctx.shape(names["R"])
-    known = r_shape[-1] if r_shape and isinstance(r_shape[-1], int) else None
-    if hidden_size is None:
-        hidden_size = known  # None: taken from R at run time
-    elif hidden_size <= 0 or (known is not None and known != hidden_size):
-        raise node.unsupported("hidden_size", hidden_size, f"must be > 0 and match R's last dimension ({known})")
+    if hidden_size is not None and hidden_size <= 0:
+        raise node.unsupported("hidden_size", hidden_size, "must be > 0")
 
     lens_name = node.input(4)
     lens = ctx.constant(lens_name)
+    directions = 2 if attr("direction", "forward") == "bidirectional" else 1
+    try:  # what conversion can know of the inputs' shapes and of sequence_lens' dtype (the spec's: int32)
+        check_shapes(module_class.cell.gates, directions, attr("layout", 0), hidden_size,
+                     {name: ctx.shape(node.input(k)) for k, name in enumerate(INPUTS)})
+        check_lengths_dtype(ctx.dtype(lens_name), (torch.int32,))
+    except InvalidInput as error:
+        value = node.input(INPUTS.index(error.input))
+        raise InvalidModelError(f"{node.op_type} node {node.name!r}: input {error.input} ({value!r}) "
+                                f"{error.requirement}") from None
+    if hidden_size is None:  # taken from R (at run time when R's shape is not static)
+        r_shape = ctx.shape(names["R"])
+        hidden_size = r_shape[-1] if r_shape and isinstance(r_shape[-1], int) else None
     attr("output_sequence", 0)  # v1: Y optional or not; outputs are positional either way, numbers unchanged
     x_dtype = ctx.dtype(node.input(0)) or next((t.dtype for t in constants.values() if t is not None), torch.float32)
     try:

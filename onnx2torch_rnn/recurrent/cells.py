@@ -267,7 +267,8 @@ def encode(cell: Cell, cfg: RecurrentConfig, weights: str) -> str:
     """``weights``: "torch" (flat nn.LSTM/GRU/RNN weights) or the letters of the ONNX weights present ("WRBP")."""
     acts = ",".join(":".join([a.name, *(repr(v) for v in (a.alpha, a.beta) if v is not None)])
                     for a in cfg.onnx_activations())
-    fields = {"cell": cell.op_type, "direction": cfg.direction, "layout": cfg.layout, "activations": acts,
+    fields = {"cell": cell.op_type, "hidden_size": cfg.hidden_size or "", "direction": cfg.direction,
+              "layout": cfg.layout, "activations": acts,
               "clip": "" if cfg.clip is None else repr(cfg.clip), "input_forget": int(cfg.input_forget),
               "linear_before_reset": int(cfg.linear_before_reset),
               "outputs": "".join(str(int(o)) for o in cfg.outputs), "weights": weights,
@@ -285,7 +286,8 @@ def decode(key: str) -> tuple[Cell, RecurrentConfig, str]:
     per = len(cell.default_activations)
     directions = len(acts) // per
     roles = tuple(tuple(acts[d * per + k] for d in range(directions)) for k in range(per))
-    cfg = RecurrentConfig(None, fields["direction"], int(fields["layout"]), roles,
+    hidden = int(fields["hidden_size"]) if fields["hidden_size"] else None
+    cfg = RecurrentConfig(hidden, fields["direction"], int(fields["layout"]), roles,
                           float(fields["clip"]) if fields["clip"] else None, fields["input_forget"] == "1",
                           fields["linear_before_reset"] == "1", tuple(o == "1" for o in fields["outputs"]),
                           fields["mask_output"] or None)

@@ -14,10 +14,11 @@ Schema::
   [gH, H] and, with bias, b_ih, b_hh [gH], in torch's gate order (cells.py: ``torch_gates``). Otherwise the ONNX
   weights whose letters config lists, in that order: W [D, gH, I], R [D, gH, H], B [D, 2gH], P [D, 3H].
 - config: ``key=value`` pairs joined by ``;``, every key always present, in this order:
-  ``cell`` LSTM|GRU|RNN; ``direction`` forward|reverse|bidirectional; ``layout`` 0|1; ``activations`` one entry per
-  function in ONNX attribute order (per direction: LSTM f,g,h; GRU f,g; RNN f), comma-separated, each
-  ``Name[:alpha[:beta]]`` with exactly the parameters that function consumes, already resolved to onnxruntime's
-  values (Python float repr); ``clip`` a float or empty; ``input_forget`` 0|1; ``linear_before_reset`` 0|1;
+  ``cell`` LSTM|GRU|RNN; ``hidden_size`` the attribute or empty (then R's last dim; shapes are checked against it);
+  ``direction`` forward|reverse|bidirectional; ``layout`` 0|1; ``activations`` one entry per function in ONNX
+  attribute order (per direction: LSTM f,g,h; GRU f,g; RNN f), comma-separated, each ``Name[:alpha[:beta]]``
+  with exactly the parameters that function consumes, already resolved to onnxruntime's values (Python float repr);
+  ``clip`` a float or empty; ``input_forget`` 0|1; ``linear_before_reset`` 0|1;
   ``outputs`` three digits for Y, Y_h, Y_c (1: compute it); ``weights`` torch or a subset of the letters WRBP;
   ``mask_output`` empty (no mask input), zero or hold (a masked step's Y: zeros, or the row's previous output in
   processing order, zero before its first unmasked step). Written by ``cells.encode``, read by ``cells.decode``.

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .cells import Cell, RecurrentConfig
+from .validation import check_lengths_dtype, check_shape, check_shapes
 
 _TORCH_KERNELS = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
 
@@ -47,30 +48,26 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
         t = t.transpose(0, 1) if batch_major and cfg.layout else t
         return t if t.dtype == compute or t.dtype == torch.bool else t.to(compute)
 
-    if X.dim() != 3:
-        raise ValueError(f"X must have 3 dimensions, got shape {list(X.shape)}")
-    x = prepare(X, batch_major=True)  # layout 0 from here on: [T, N, I]
-    h0, c0, mask = prepare(initial_h, True), prepare(initial_c, True), prepare(mask, True)
-    steps, batch, input_size = x.shape
-    directions = cfg.num_directions
-    hidden = R.shape[-1] if torch_weights is None else torch_weights[1].shape[-1]
-    if cfg.hidden_size is not None and hidden != cfg.hidden_size:
-        raise ValueError(f"R has hidden size {hidden}, the hidden_size attribute says {cfg.hidden_size}")
-    gh = cell.gates * hidden
-    if torch_weights is None:
-        _check_shape("W", W, (directions, gh, input_size))
-        _check_shape("R", R, (directions, gh, hidden))
-        _check_shape("B", B, (directions, 2 * gh))
-        _check_shape("P", P, (directions, 3 * hidden))
-    else:
-        per = len(torch_weights) // directions  # w_ih, w_hh and maybe b_ih, b_hh per direction
+    given = {"X": X, "W": W, "R": R, "B": B, "P": P, "initial_h": initial_h, "initial_c": initial_c,
+             "sequence_lens": sequence_lens}  # static lengths are a list
+    shapes = {name: None if t is None else tuple(t.shape) if isinstance(t, Tensor) else (len(t),)
+              for name, t in given.items()}
+    if torch_weights is not None:  # the nn.LSTM/GRU/RNN's own weights, consistent among themselves: seen as W, R
+        per = len(torch_weights) // cfg.num_directions  # w_ih, w_hh and maybe b_ih, b_hh per direction
+        gh, input_size, hidden = *torch_weights[0].shape, torch_weights[1].shape[-1]
         expected = {0: ("weight_ih", (gh, input_size)), 1: ("weight_hh", (gh, hidden))}
         for k, w in enumerate(torch_weights):
             name, shape = expected.get(k % per, ("bias", (gh,)))
-            _check_shape(name, w, shape)
-    for name, state in (("initial_h", h0), ("initial_c", c0)):
-        _check_shape(name + " (as [num_directions, batch, hidden])", state, (directions, batch, hidden))
-    lens = _lengths(sequence_lens, steps, batch, x.device)
+            check_shape(name, shape, tuple(w.shape))
+        shapes["W"], shapes["R"] = (cfg.num_directions, gh, input_size), (cfg.num_directions, gh, hidden)
+    check_shapes(cell.gates, cfg.num_directions, cfg.layout, cfg.hidden_size, shapes)
+    if isinstance(sequence_lens, Tensor):
+        check_lengths_dtype(sequence_lens.dtype)
+    x = prepare(X, batch_major=True)  # layout 0 from here on: [T, N, I]
+    h0, c0, mask = prepare(initial_h, True), prepare(initial_c, True), prepare(mask, True)
+    steps, batch, _ = x.shape
+    directions = cfg.num_directions
+    lens = _lengths(sequence_lens, steps, x.device)
     _check_mask(cfg, mask, (steps, batch), lens)
 
     if torch_weights is not None and mask is None:
@@ -115,25 +112,19 @@ def onnx_weights(cell: Cell, torch_weights: Sequence[Tensor], directions: int) -
 # ---------------------------------------------------------------------------------------------------------------
 # Checks and small helpers.
 
-def _check_shape(name: str, tensor: Tensor | None, expected: tuple[int, ...]) -> None:
-    if tensor is not None and tuple(tensor.shape) != expected:
-        raise ValueError(f"{name} must have shape {list(expected)}, got {list(tensor.shape)}")
-
-
-def _lengths(sequence_lens: Tensor | Sequence[int] | None, steps: int, batch: int, device) -> Tensor | None:
-    """sequence_lens as int64 on X's device, after onnxruntime's range check; None when every row is full."""
+def _lengths(sequence_lens: Tensor | Sequence[int] | None, steps: int, device) -> Tensor | None:
+    """sequence_lens (its shape already checked) as int64 on X's device, after onnxruntime's range check; None when
+    every row is full."""
     if sequence_lens is None:
         return None
     if isinstance(sequence_lens, Tensor):
         lens = sequence_lens.to(device=device, dtype=torch.int64)
         bad = bool(((lens < 0) | (lens > steps)).any())  # the one data-dependent check
     else:  # static lengths baked in at conversion
-        if all(length == steps for length in sequence_lens) and len(sequence_lens) == batch:
+        if all(length == steps for length in sequence_lens):
             return None
         lens = torch.tensor(sequence_lens, dtype=torch.int64, device=device)
         bad = any(length < 0 or length > steps for length in sequence_lens)
-    if lens.shape != (batch,):
-        raise ValueError(f"sequence_lens must have shape [{batch}] (the batch size), got {list(lens.shape)}")
     if bad:
         raise ValueError(f"sequence_lens values must lie in [0, {steps}] (the sequence length of X), "
                          f"got {lens.tolist()}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import numpy as np
 import onnx
@@ -593,8 +594,12 @@ def test_unknown_attribute_refused(name):
 
 
 def test_hidden_size_mismatch_refused():
+    """hidden_size=4 with R of hidden size 3: R does not have the node's shape."""
     model, _ = build("LSTM")
     next(a for a in model.graph.node[0].attribute if a.name == "hidden_size").i = 4
+    with pytest.raises(InvalidModelError, match=r"input W \('W'\) must have shape \[1, 16, 4\], got \[1, 12, 4\]"):
+        onnx2torch_rnn.convert(model)
+    next(a for a in model.graph.node[0].attribute if a.name == "hidden_size").i = 0
     with pytest.raises(UnsupportedAttributeError, match="hidden_size"):
         onnx2torch_rnn.convert(model)
 
@@ -681,3 +686,110 @@ def test_mask_required_and_refused():
     with pytest.raises(ValueError, match="either sequence_lens or a mask"):
         module(torch.tensor(x, dtype=torch.float32), sequence_lens=torch.tensor([1, 2, 3, 4, 5]),
                mask=torch.tensor(mask))
+
+
+# ---- input validation (recurrent/validation.py): at conversion where shapes are static, else at run time ---------
+
+def replace_initializer(model, name, array):
+    for tensor in model.graph.initializer:
+        if tensor.name == name:
+            tensor.CopyFrom(numpy_helper.from_array(np.asarray(array), name))
+
+
+def redeclare_input(model, name, elem_type, shape):
+    for info in model.graph.input:
+        if info.name == name:
+            info.CopyFrom(helper.make_tensor_value_info(name, elem_type, shape))
+
+
+# (op, direction, input, bad shape, the expected shape in the message); the node has hidden 3, input size 4, batch 3
+BAD_WEIGHTS = [
+    ("LSTM", "forward", "W", (2, 12, 4), "[1, 12, 4]"),  # a second direction the node does not have
+    ("GRU", "bidirectional", "W", (2, 8, 4), "[2, 9, 4]"),
+    ("RNN", "forward", "R", (1, 3, 2), "[1, 3, 3]"),
+    ("LSTM", "bidirectional", "B", (2, 12), "[2, 24]"),
+    ("RNN", "reverse", "B", (1, 6, 1), "[1, 6]"),
+    ("LSTM", "forward", "P", (1, 12), "[1, 9]"),
+]
+
+
+@pytest.mark.parametrize(("op", "direction", "name", "shape", "expected"), BAD_WEIGHTS)
+def test_constant_weights_of_wrong_shape_refused(op, direction, name, shape, expected):
+    model, feeds = build(op, direction=direction, peepholes="random" if name == "P" else None)
+    replace_initializer(model, name, np.ones(shape, np.float32))
+    message = rf"{op} node '{op}_0': input {name} \('{name}'\) must have shape {re.escape(expected)}, got "
+    with pytest.raises(InvalidModelError, match=message + re.escape(str(list(shape)))):
+        onnx2torch_rnn.convert(model)
+    with pytest.raises(Exception):  # noqa: B017 - onnxruntime refuses them too
+        run_onnxruntime(model, feeds)
+
+
+# graph inputs whose declared shapes contradict the node: (op, input, declared shape, expected shape, layout)
+BAD_DECLARED = [
+    ("LSTM", "X", [5, 3, 6], "[5, 3, 4]", 0),  # X's feature size is not W's input size
+    ("GRU", "X", [3, 5, 2], "[3, 5, 4]", 1),
+    ("LSTM", "h0", [2, 3, 3], "[1, 3, 3]", 0),
+    ("LSTM", "c0", [1, 4, 3], "[1, 3, 3]", 0),
+    ("RNN", "h0", [3, 1, 2], "[3, 1, 3]", 1),
+    ("GRU", "L", [4], "[3]", 0),
+    ("RNN", "X", [5, 3], None, 0),  # rank 2
+]
+
+
+@pytest.mark.parametrize(("op", "name", "declared", "expected", "layout"), BAD_DECLARED)
+def test_declared_input_shapes_of_wrong_shape_refused(op, name, declared, expected, layout):
+    model, _ = build(op, initial=True, lens=[5, 5, 5], layout=layout)
+    elem = TensorProto.INT32 if name == "L" else TensorProto.FLOAT
+    redeclare_input(model, name, elem, declared)
+    onnx_name = {"h0": "initial_h", "c0": "initial_c", "L": "sequence_lens"}.get(name, name)
+    requirement = "must have 3 dimensions" if expected is None else f"must have shape {re.escape(expected)}"
+    with pytest.raises(InvalidModelError, match=rf"{op} node '{op}_0': input {onnx_name} \('{name}'\) {requirement}"):
+        onnx2torch_rnn.convert(model)
+
+
+@pytest.mark.parametrize("as_input", [True, False])
+def test_sequence_lens_must_be_int32(as_input):
+    """The spec's type for sequence_lens is int32 only (onnxruntime refuses int64 too)."""
+    model, _ = build("LSTM", lens=[5, 2, 0], lens_const=not as_input)
+    if as_input:
+        redeclare_input(model, "L", TensorProto.INT64, [3])
+    else:
+        replace_initializer(model, "L", np.array([5, 2, 0], np.int64))
+    with pytest.raises(InvalidModelError, match=r"LSTM node 'LSTM_0': input sequence_lens \('L'\) must be int32, "
+                                                r"got int64"):
+        onnx2torch_rnn.convert(model)
+
+
+# wrong tensors passed at run time to a node with symbolic dims: (input, value, message)
+BAD_RUNTIME = [
+    ("X", np.ones((5, 3), np.float32), "X must have 3 dimensions, got shape [5, 3]"),
+    ("X", np.ones((5, 3, 6), np.float32), "X must have shape [5, 3, 4], got [5, 3, 6]"),
+    ("W", np.ones((1, 12, 4), np.float32), "W must have shape [2, 12, 4], got [1, 12, 4]"),
+    ("R", np.ones((2, 12, 4), np.float32), "R must have shape [2, 12, 3], got [2, 12, 4]"),
+    ("B", np.ones((2, 12), np.float32), "B must have shape [2, 24], got [2, 12]"),
+    ("h0", np.ones((2, 4, 3), np.float32), "initial_h must have shape [2, 3, 3], got [2, 4, 3]"),
+    ("c0", np.ones((1, 3, 3), np.float32), "initial_c must have shape [2, 3, 3], got [1, 3, 3]"),
+    ("L", np.array([5, 5], np.int32), "sequence_lens must have shape [3], got [2]"),
+    ("L", np.array([5., 5., 5.], np.float32), "sequence_lens must be int32 or int64, got "),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), BAD_RUNTIME, ids=lambda v: v if isinstance(v, str) else "")
+def test_wrong_inputs_at_run_time_named(name, value, message):
+    """Inputs with symbolic shapes pass conversion; at run time the native kernel (inference) and the Python path
+    (autograd, or ONNX2TORCH_RNN_NATIVE=0) refuse them with the same message."""
+    model, feeds = build("LSTM", direction="bidirectional", initial=True, lens=[5, 2, 0], weights_as_inputs=True)
+    for info in model.graph.input:  # every dim symbolic: nothing to check at conversion
+        for k, dim in enumerate(info.type.tensor_type.shape.dim):
+            dim.dim_param = f"{info.name}_{k}"
+    module = onnx2torch_rnn.convert(model)
+    args = {k: torch.from_numpy(v) for k, v in {**feeds, name: value}.items()}
+    ordered = [args[i.name] for i in model.graph.input]
+    errors = []
+    for grad in (False, True):
+        ordered[0].requires_grad_(grad and ordered[0].dtype == torch.float32)
+        with pytest.raises(ValueError) as caught:
+            module(*ordered)
+        errors.append(str(caught.value))
+    assert errors[0].startswith(message), errors
+    assert errors[0] == errors[1] or "must be int32 or int64" in message, errors  # the kernel names dtypes its way

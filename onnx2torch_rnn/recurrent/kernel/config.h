@@ -19,6 +19,7 @@ struct Config {
   CellType cell = CellType::LSTM;
   int gates = 4;  // LSTM i o f c, GRU z r h, RNN h: the ONNX gate order
   int roles = 3;  // activation functions per direction
+  int64_t hidden_size = -1;  // the attribute; -1: R's last dimension
   int directions = 1;
   bool reverse = false;  // direction=reverse (a bidirectional node's second direction is always reversed)
   int layout = 0;
@@ -73,6 +74,7 @@ inline Config parse_config(const std::string& key) {
   c.cell = cell == "LSTM" ? CellType::LSTM : cell == "GRU" ? CellType::GRU : CellType::RNN;
   c.gates = c.cell == CellType::LSTM ? 4 : c.cell == CellType::GRU ? 3 : 1;
   c.roles = c.cell == CellType::LSTM ? 3 : c.cell == CellType::GRU ? 2 : 1;
+  if (!fields.at("hidden_size").empty()) c.hidden_size = std::stoll(fields.at("hidden_size"));
   c.directions = fields.at("direction") == "bidirectional" ? 2 : 1;
   c.reverse = fields.at("direction") == "reverse";
   c.layout = std::stoi(fields.at("layout"));

@@ -489,39 +489,43 @@ std::string shape_text(const Shape& shape) {  // as Python prints a list: [2, 3]
   return text.str();
 }
 
-// `expected` in layout 0; `batch_major` says the tensor is in layout 1 (its first two dims swapped).
-void check_shape(const std::string& name, const at::Tensor& t, std::vector<int64_t> expected,
-                 bool batch_major = false) {
+// The messages of validation.py's (`expected` as the tensor's own layout has it).
+void check_shape(const std::string& name, const at::Tensor& t, const std::vector<int64_t>& expected) {
   if (!t.defined()) return;
-  const at::IntArrayRef sizes = t.sizes();
-  std::vector<int64_t> got(sizes.begin(), sizes.end());
-  if (batch_major && got.size() >= 2) std::swap(got[0], got[1]);
-  TORCH_CHECK_VALUE(got == expected, name, " must have shape ", shape_text(expected), ", got ", shape_text(got));
+  const at::IntArrayRef got = t.sizes();
+  TORCH_CHECK_VALUE(got == at::IntArrayRef(expected), name, " must have shape ", shape_text(expected), ", got ",
+                    shape_text(got));
 }
 
-// The hidden size, after checking every weight's shape against X's input size (the Python path's messages).
-int64_t checked_hidden(const Config& c, at::TensorList weights, int64_t input) {
+// The hidden size, after checking every weight's shape and then X's against W's input size (as validation.py:
+// a wrong X is blamed on X).
+int64_t checked_hidden(const Config& c, at::TensorList weights, const at::Tensor& X) {
   const int64_t D = c.directions;
+  int64_t hidden, input;
   if (c.torch_weights) {
     const size_t per = weights.size() / D;
     TORCH_CHECK_VALUE((per == 2 || per == 4) && per * D == weights.size(), "recurrent op: bad torch weights");
-    const int64_t hidden = weights[1].size(-1), gh = c.gates * hidden;
+    hidden = c.hidden_size > 0 ? c.hidden_size : weights[1].size(-1), input = weights[0].size(-1);
+    const int64_t gh = c.gates * hidden;
     for (int64_t d = 0; d < D; ++d) {
       check_shape("weight_ih", weights[d * per], {gh, input});
       check_shape("weight_hh", weights[d * per + 1], {gh, hidden});
       for (size_t k = 2; k < per; ++k) check_shape("bias", weights[d * per + k], {gh});
     }
-    return hidden;
+  } else {
+    TORCH_CHECK_VALUE(weights.size() == c.letters.size() && c.letters.substr(0, 2) == "WR",
+                      "recurrent op: expected the weights ", c.letters);
+    hidden = c.hidden_size > 0 ? c.hidden_size : weights[1].size(-1), input = weights[0].size(-1);
+    const int64_t gh = c.gates * hidden;
+    check_shape("W", weights[0], {D, gh, input});
+    check_shape("R", weights[1], {D, gh, hidden});
+    for (size_t k = 2; k < weights.size(); ++k) {
+      if (c.letters[k] == 'B') check_shape("B", weights[k], {D, 2 * gh});
+      if (c.letters[k] == 'P') check_shape("P", weights[k], {D, 3 * hidden});
+    }
   }
-  TORCH_CHECK_VALUE(weights.size() == c.letters.size() && c.letters.substr(0, 2) == "WR",
-                    "recurrent op: expected the weights ", c.letters);
-  const int64_t hidden = weights[1].size(-1), gh = c.gates * hidden;
-  check_shape("W", weights[0], {D, gh, input});
-  check_shape("R", weights[1], {D, gh, hidden});
-  for (size_t k = 2; k < weights.size(); ++k) {
-    if (c.letters[k] == 'B') check_shape("B", weights[k], {D, 2 * gh});
-    if (c.letters[k] == 'P') check_shape("P", weights[k], {D, 3 * hidden});
-  }
+  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
+  check_shape("X", X, c.layout ? std::vector<int64_t>{batch, steps, input} : std::vector<int64_t>{steps, batch, input});
   return hidden;
 }
 
@@ -532,9 +536,10 @@ at::Tensor as_compute(const at::Tensor& t, at::ScalarType dtype) {
 
 at::Tensor checked_lengths(const std::optional<at::Tensor>& sequence_lens, int64_t steps, int64_t batch) {
   if (!sequence_lens) return {};
+  const at::ScalarType dtype = sequence_lens->scalar_type();
+  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "sequence_lens must be int32 or int64, got ", dtype);
   at::Tensor lens = sequence_lens->to(at::kLong).contiguous();
-  TORCH_CHECK_VALUE(lens.sizes() == at::IntArrayRef({batch}), "sequence_lens must have shape [", batch,
-                    "] (the batch size), got ", shape_text(lens.sizes()));
+  check_shape("sequence_lens", lens, {batch});
   const int64_t* p = lens.data_ptr<int64_t>();
   if (std::any_of(p, p + batch, [steps](int64_t v) { return v < 0 || v > steps; })) {
     std::ostringstream values;
@@ -562,19 +567,17 @@ void copy_states(const Config& c, const T* from, T* to, int64_t batch, int64_t h
 
 template <typename T>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Tensor& X, at::TensorList weights,
-                                                   const at::Tensor& lens, const at::Tensor& h0,
+                                                   int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
                                                    const at::Tensor& c0, const at::Tensor& mask) {
   constexpr int L = Vec<T>::lanes;
   const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1), input = X.size(2);
   const int D = c.directions;
-  const int64_t hidden = checked_hidden(c, weights, input), gh = c.gates * hidden;
+  const int64_t gh = c.gates * hidden;
   const int64_t hpad = (hidden + L - 1) / L * L, blocks = hpad / L;
   const auto options = X.options().dtype(dtype);
   const std::vector<int64_t> state_shape =
       c.layout ? std::vector<int64_t>{batch, D, hidden} : std::vector<int64_t>{D, batch, hidden};
-  check_shape("initial_h (as [num_directions, batch, hidden])", h0, {D, batch, hidden}, c.layout);
-  check_shape("initial_c (as [num_directions, batch, hidden])", c0, {D, batch, hidden}, c.layout);
   const PackCache::Entry packed = pack_cache().get(c, weights, dtype, L);
 
   // One workspace: the input projection [D, T·N, blocks·gates·lanes], then h (twice), C, z, r·H and the held
@@ -676,6 +679,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
   const Config& c = config_of(std::string_view(config.data(), config.size()));
   TORCH_CHECK_VALUE(X.dim() == 3, "X must have 3 dimensions, got shape ", shape_text(X.sizes()));
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
+  // in validation.py's order: weights, X, initial states, sequence_lens
+  const int64_t hidden = checked_hidden(c, weights, X);
+  const at::Tensor h0 = initial_h.value_or(at::Tensor()), c0 = initial_c.value_or(at::Tensor());
+  const std::vector<int64_t> state_shape = c.layout ? std::vector<int64_t>{batch, c.directions, hidden}
+                                                    : std::vector<int64_t>{c.directions, batch, hidden};
+  check_shape("initial_h", h0, state_shape);
+  check_shape("initial_c", c0, state_shape);
   at::Tensor lens = checked_lengths(sequence_lens, steps, batch);
   if (lens.defined() && (lens == steps).all().item<bool>()) lens = at::Tensor();  // every row is full
   at::Tensor mask_t;
@@ -689,9 +699,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
     TORCH_CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
     mask_t = mask->contiguous();
   }
-  const at::Tensor h0 = initial_h.value_or(at::Tensor()), c0 = initial_c.value_or(at::Tensor());
-  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, lens, h0, c0, mask_t);
-  return run<float>(c, X, weights, lens, h0, c0, mask_t);
+  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, hidden, lens, h0, c0, mask_t);
+  return run<float>(c, X, weights, hidden, lens, h0, c0, mask_t);
 }
 
 }  // namespace
