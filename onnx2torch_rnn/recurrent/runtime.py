@@ -70,7 +70,7 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
     lens = _lengths(sequence_lens, steps, x.device)
     _check_mask(cfg, mask, (steps, batch), lens)
 
-    if torch_weights is not None and mask is None:
+    if torch_weights is not None and mask is None and steps:  # torch's kernels refuse zero steps: the loop runs none
         y, y_h, y_c = _torch_core(cell, cfg, x, [prepare(w) for w in torch_weights], lens, h0, c0)
     else:
         if torch_weights is not None:

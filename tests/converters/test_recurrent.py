@@ -793,3 +793,24 @@ def test_wrong_inputs_at_run_time_named(name, value, message):
         errors.append(str(caught.value))
     assert errors[0].startswith(message), errors
     assert errors[0] == errors[1] or "must be int32 or int64" in message, errors  # the kernel names dtypes its way
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("attrs", [{}, {"clip": 5.0}], ids=["fast", "exact"])
+@pytest.mark.parametrize(("direction", "layout"), [("forward", 0), ("bidirectional", 0), ("reverse", 1)])
+def test_zero_length_sequence(op, attrs, direction, layout):
+    """T = 0: Y [0, D, N, H] and zero final states, initial states or not, on the native kernel (inference) and the
+    Python path (autograd), against the reference, which onnxruntime confirms where it can: its GRU aborts on
+    T = 0, its LSTM leaves Y_c (bidirectional: Y_h too) uninitialised, and it rejects layout 1."""
+    if op == "GRU" and not attrs:
+        attrs = {"linear_before_reset": 1}
+    model, feeds = build(op, steps=0, direction=direction, attrs=attrs, initial=True, layout=layout)
+    expected = run_node(model.graph.node[0], all_values(model, feeds))
+    if op != "GRU" and direction == "forward" and not layout:
+        for want, ort in zip(expected[:2], run_onnxruntime(model, feeds)[:2], strict=True):  # Y, Y_h
+            np.testing.assert_allclose(want, ort, strict=True)
+    module = onnx2torch_rnn.convert(model)
+    for grad in (False, True):
+        args = [torch.from_numpy(feeds[i.name]).requires_grad_(grad) for i in model.graph.input]
+        for got, want in zip(module(*args), expected, strict=True):
+            np.testing.assert_allclose(got.detach().numpy(), want, strict=True)
