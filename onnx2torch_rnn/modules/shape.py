@@ -164,7 +164,8 @@ class Split(_Attributes):
             n, parts = data.shape[self.axis], self.num_outputs
             chunk = ceil_div(n, parts)
             sizes = [chunk] * (parts - 1) + [n - chunk * (parts - 1)]  # the last part may be smaller
-        return tuple(torch.split(data, sizes, dim=self.axis))
+        parts = torch.split(data, sizes, dim=self.axis)
+        return parts[0] if self.num_outputs == 1 else tuple(parts)  # a one-output node's value is a tensor
 
 
 class Slice(_Attributes):

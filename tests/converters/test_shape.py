@@ -219,6 +219,28 @@ def test_split_num_outputs_must_match_outputs():
         onnx2torch_rnn.convert(model)
 
 
+@pytest.mark.parametrize("opset, split, runtime", [(11, None, True), (13, [1], True), (18, None, True),
+                                                    (13, None, False)])
+def test_split_with_one_output(opset, split, runtime):
+    """tf2onnx's unstack of a length-1 axis: Split into one output, then Squeeze. The output is a tensor, as for
+    every one-output node, not a 1-tuple; also when folded (runtime=False: x is an initializer)."""
+    inputs, consts, attrs = ["x"], {"axes": np.array([0], I64)}, {"axis": 0}
+    if split is not None:
+        inputs, consts["split"] = ["x", "split"], np.array(split, I64)
+    if opset >= 18:
+        attrs["num_outputs"] = 1
+    nodes = [node("Split", inputs, ["part"], **attrs), node("Squeeze", ["part", "axes"], ["y"])]
+    if opset < 13:
+        nodes[1] = node("Squeeze", ["part"], ["y"], axes=[0])
+        del consts["axes"]
+    if runtime:
+        run(nodes, [("x", F32, [1, 4])], ["y"], opset, consts)
+    else:
+        consts["x"] = RNG.standard_normal((1, 4)).astype(F32)
+        model = make([*nodes, node("Relu", ["y"], ["z"])], [("w", F32, [4])], ["z"], consts, opset)
+        check(model)
+
+
 def test_split_unused_output():
     """An empty output name keeps its slot (onnxruntime 1.32 crashes on such a node, so numpy is the reference)."""
     model = make_model([node("Split", ["x"], ["a", "", "c"], axis=0)], [("x", F32, [6])], ["a", "c"], opset=13)
