@@ -21,6 +21,7 @@ from .errors import (
     Onnx2TorchError,
     UnsupportedAttributeError,
     UnsupportedOperatorError,
+    UnsupportedOpsetError,
 )
 from .loading import ModelSource, load_model
 from .node import Converted, OnnxNode
@@ -38,6 +39,7 @@ __all__ = [
     "OnnxNode",
     "UnsupportedAttributeError",
     "UnsupportedOperatorError",
+    "UnsupportedOpsetError",
     "compare",
     "convert",
     "onnx_translation_table",

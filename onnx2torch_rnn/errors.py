@@ -30,6 +30,16 @@ class UnsupportedOperatorError(Onnx2TorchError, NotImplementedError):
         super().__init__(f"{len(self.missing)} unsupported operator(s):\n" + "\n".join(lines))
 
 
+class UnsupportedOpsetError(Onnx2TorchError, NotImplementedError):
+    """The model imports an opset of the default domain newer than any this package knows: its ops may mean
+    something else there, so it is not converted as if it were the newest known one."""
+
+    def __init__(self, domain: str, opset: int, newest: int):
+        self.domain, self.opset, self.newest = domain, opset, newest
+        super().__init__(f"the model imports opset {opset} of {domain or 'ai.onnx'}; the newest this package knows "
+                         f"is {newest}")
+
+
 class UnsupportedAttributeError(Onnx2TorchError, NotImplementedError):
     """A node uses an attribute (or an attribute value, or an input form) that its converter cannot honour."""
 

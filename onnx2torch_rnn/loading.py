@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import torch
 
-from .errors import InvalidModelError
+from .errors import InvalidModelError, UnsupportedOpsetError
 from .registry import normalize_domain
 from .tensors import external_data_path, is_external, to_torch
 
@@ -120,6 +120,9 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     with contextlib.suppress(Exception):  # shape information only helps converters; a model may lack it
         skeleton = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False)
     opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}
+    newest = onnx.defs.onnx_opset_version()  # the installed onnx's schemas: what the converters are resolved by
+    if opsets.get("", 0) > newest:
+        raise UnsupportedOpsetError("", opsets[""], newest)
     return LoadedModel(proto, skeleton, base_dir, opsets, weights)
 
 

@@ -105,3 +105,14 @@ def test_deprecated_ops_that_runtimes_still_run_are_accepted():
         onnx.checker.check_model(model)
     out = onnx2torch_rnn.convert(model)(torch.arange(12.0).reshape(1, 4, 3)).detach()
     assert out.shape == (1, 4, 3) and abs(float(out.mean())) < 1e-6
+
+
+def test_opset_newer_than_known_refused():
+    """Ops may change meaning in an opset this package has never seen: refused, not converted as the newest."""
+    newest = onnx.defs.onnx_opset_version()
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", np.float32, [2])], ["y"], opset=newest)
+    assert onnx2torch_rnn.convert(model)(torch.tensor([-1.0, 2.0])).tolist() == [0.0, 2.0]
+    model.opset_import[0].version = newest + 1
+    with pytest.raises(onnx2torch_rnn.UnsupportedOpsetError,
+                       match=f"imports opset {newest + 1} of ai.onnx; the newest this package knows is {newest}"):
+        onnx2torch_rnn.convert(model)
