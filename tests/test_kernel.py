@@ -21,6 +21,14 @@ ACTIVATIONS = ["Relu", "Tanh", "Sigmoid", "Affine", "LeakyRelu", "ThresholdedRel
 BOUNDED = ["Tanh", "Sigmoid", "HardSigmoid", "Softsign", "ScaledTanh"]  # for the gates: states stay finite
 
 
+@pytest.fixture(autouse=True)
+def native_kernel():
+    """Every test here runs with the kernel registered: op.run falls back to the Python path silently otherwise,
+    and the differential tests would compare that path with itself."""
+    if not kernel.load() and not os.environ.get("CI"):
+        pytest.skip("the native kernel could not be built here (see the warning)")
+
+
 def test_kernel_is_built():
     """Where a compiler exists (CI: always), the kernel must build: a silent fallback would hide a broken build."""
     if os.environ.get("CI") or kernel.load():
@@ -88,6 +96,32 @@ def test_kernel_matches_python(seed):
             assert (want is None) == (have is None)
             if want is not None:
                 torch.testing.assert_close(have, want, **tolerance, msg=lambda m, c=cfg: f"{c}: {m}")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_threaded_paths_match_python(seed):
+    """Sizes large enough for the kernel to split work over 2 threads: both directions at once, or one direction's
+    hidden blocks in the input projection and in every step (random lengths, every cell and GRU variant)."""
+    rng = random.Random(seed)
+    cell = CELLS[["LSTM", "GRU", "RNN"][seed % 3]]
+    attributes = {"linear_before_reset": seed % 2} if cell.op_type == "GRU" else {}
+    direction = ["forward", "reverse", "bidirectional"][seed // 2 % 3]
+    directions, hidden, size, steps, batch = (2 if direction == "bidirectional" else 1), 160, 96, 12, 9
+    cfg = make_config(cell, direction=direction, **attributes)
+    generator = torch.Generator().manual_seed(seed)
+    weights = [torch.randn(directions, cell.gates * hidden, n, generator=generator) * 0.1 for n in (size, hidden)]
+    X = torch.randn(steps, batch, size, generator=generator)
+    lens = torch.tensor([rng.randint(0, steps) for _ in range(batch)], dtype=torch.int32)
+    expected = recurrent(cell, cfg, X, *weights, sequence_lens=lens)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = op.run(X, weights, encode(cell, cfg, "WR"), lens, None, None, None)
+    finally:
+        torch.set_num_threads(threads)
+    for want, have in zip(expected, got, strict=True):
+        if want is not None:
+            torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
 
 
 def lstm(hidden=4, size=3, **kwargs):

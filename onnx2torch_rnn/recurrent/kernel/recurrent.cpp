@@ -273,10 +273,16 @@ struct Direction {
 
   // X·Wᵀ + biases for every time step, in tiles of rows of X (x [rows, I]).
   template <int G>
-  void project(const T* x, int64_t rows_total, int64_t input) {
+  void project(const T* x, int64_t rows_total, int64_t input, bool parallel) {
+    if (!parallel) return project_blocks<G>(x, rows_total, input, 0, blocks);
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { project_blocks<G>(x, rows_total, input, b0, b1); });
+  }
+
+  template <int G>
+  void project_blocks(const T* x, int64_t rows_total, int64_t input, int64_t b0, int64_t b1) {
     const T* panels = packed->input.data_ptr<T>();
     const T* bias = packed->bias.data_ptr<T>();
-    for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const T* panel = panels + b * input * G * L;
       int64_t r = 0;
       for (; r + kTile <= rows_total; r += kTile) project_tile<kTile, G>(x, input, panel, bias + b * G * L, r, b);
@@ -628,24 +634,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
     r.x_rows.assign(batch, nullptr);
     r.y_rows.assign(batch, nullptr);
   }
-  // Threads: both directions at once, or one direction's blocks per step when a step is worth splitting.
+  // Threads: both directions at once, or else one direction's hidden blocks, in the input projection and per step,
+  // when that work is worth a fork and join (about a microsecond each).
   const int threads = at::get_num_threads();
-  const int64_t step_work = batch * gh * hidden;
   const int64_t longest = any_lens ? lens.max().item<int64_t>() : steps;
-  auto direction = [&](Direction<T>& r, bool parallel) {
+  auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
+  auto direction = [&](Direction<T>& r, bool split) {
+    const bool split_projection = split && worth_splitting(rows * gh * input);
     switch (c.gates) {
-      case 4: r.template project<4>(x.data_ptr<T>(), rows, input); break;
-      case 3: r.template project<3>(x.data_ptr<T>(), rows, input); break;
-      default: r.template project<1>(x.data_ptr<T>(), rows, input); break;
+      case 4: r.template project<4>(x.data_ptr<T>(), rows, input, split_projection); break;
+      case 3: r.template project<3>(x.data_ptr<T>(), rows, input, split_projection); break;
+      default: r.template project<1>(x.data_ptr<T>(), rows, input, split_projection); break;
     }
-    r.recur(longest, parallel);
+    r.recur(longest, split && worth_splitting(batch * gh * hidden));
   };
   if (D == 2 && threads > 1) {
     at::parallel_for(0, 2, 1, [&](int64_t d0, int64_t d1) {
       for (int64_t d = d0; d < d1; ++d) direction(runs[d], false);
     });
   } else {
-    for (Direction<T>& r : runs) direction(r, threads > 1 && blocks > 1 && step_work >= (1 << 17));
+    for (Direction<T>& r : runs) direction(r, true);
   }
 
   // The final states: each row's after its last step; zero for a row of length 0 and for a sequence of length 0,
