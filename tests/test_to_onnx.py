@@ -55,12 +55,6 @@ TF1_SCANS = ["tf_v1_lstm_peepholes", "tf_v1_lstm_cell_clip", "tf_v1_lstm_project
 EXPECTED_REFUSALS = {**{f"keras/{name}.onnx": LOOP for name in KERAS_LOOPS},
                      **{f"keras/{name}.onnx": SCAN for name in TF1_SCANS}}
 
-# the default run: each kind of model once (the rest: -m slow; test_cli_writes_the_fine_tuned_model takes ts_lstm_op14)
-DEFAULT = {"torch/ts_crnn_op18.onnx", "torch/ts_lstm_half_op17.onnx",
-           "keras/keras3_lstm_last_nobias.onnx", "keras/keras3_gru_reset_after.onnx", "keras/tf_v1_gru_cell.onnx",
-           "quantized/ts_tagger_op17_qdq_u8s8.onnx"}
-
-
 def _cases() -> list:
     cases = []
     for folder in ("torch", "keras", "patterns", "quantized"):
@@ -68,8 +62,7 @@ def _cases() -> list:
         for entry in manifest["models"]:
             key = f"{folder}/{entry['file']}"
             sizes = entry["sizes"] if "sizes" in entry else manifest["sizes"]
-            marks = () if key in DEFAULT else pytest.mark.slow
-            cases.append(pytest.param(folder, entry, sizes, id=key.removesuffix(".onnx"), marks=marks))
+            cases.append(pytest.param(folder, entry, sizes, id=key.removesuffix(".onnx")))
     return cases
 
 
