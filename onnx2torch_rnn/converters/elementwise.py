@@ -21,7 +21,8 @@ from ..node import Converted, OnnxNode
 from ..registry import register_converter
 from ..tensors import to_torch
 
-_UNSIGNED = "uint16/uint32 are computed exactly in int64 (torch has no kernels for them); uint64 is not supported."
+_UNSIGNED = ("uint16/uint32 are computed exactly in int64 (torch has no kernels for them); uint64 is refused at "
+             "conversion.")
 _ALL_INTS = "Every integer width, unsigned ones included (computed bit-exactly)."
 _VARIADIC = "Any number of inputs with numpy broadcasting."
 
@@ -90,8 +91,19 @@ _FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...], str]] = {
 }
 
 
+def _refuse_uint64(node: OnnxNode, ctx, fn: Callable) -> None:
+    """At conversion, not at run time: ``fn`` has no exact uint64 computation (modules/elementwise.py)."""
+    if getattr(fn, "uint64", True):
+        return
+    for index, name in enumerate(node.inputs):
+        if ctx.dtype(name) == torch.uint64:
+            raise node.unsupported(f"input {index}", "uint64", f"{node.op_type} has no exact uint64 computation "
+                                   "(torch has no kernel; int64 would read values >= 2**63 as negative)")
+
+
 def _function_converter(op: str, fn: Callable, note: str):
     def convert(node: OnnxNode, ctx) -> Converted:
+        _refuse_uint64(node, ctx, fn)
         attributes = {name: node.attr(name) for name in node.schema.attributes}  # every attribute, schema defaults
         return Converted(Function(fn, **attributes), node.inputs)
 
@@ -107,14 +119,17 @@ for _op, (_fn, _versions, _note) in _FUNCTIONS.items():
 @register_converter("Mod", (10, 13, 28))
 def mod(node: OnnxNode, ctx) -> Converted:
     """fmod=1: C fmod (sign of the dividend); fmod=0: Python-style remainder (sign of the divisor). Before opset 28
-    fmod=0 on floats is refused, as onnxruntime refuses it. uint16/uint32 computed exactly in int64; no uint64."""
+    fmod=0 on floats is refused, as onnxruntime refuses it. uint16/uint32 computed exactly in int64; uint64 refused
+    at conversion."""
     fmod = node.attr("fmod")
     if fmod not in (0, 1):
         raise node.unsupported("fmod", fmod, "must be 0 or 1")
     dtype = ctx.dtype(node.input(0))
     if fmod == 0 and node.version < 28 and dtype is not None and dtype.is_floating_point:
         raise node.unsupported("fmod", fmod, f"a floating-point Mod ({dtype}) needs fmod=1 before opset 28")
-    return Converted(Function(ew.fmod if fmod else ew.remainder), node.inputs)
+    fn = ew.fmod if fmod else ew.remainder
+    _refuse_uint64(node, ctx, fn)
+    return Converted(Function(fn), node.inputs)
 
 
 @register_converter("BitShift", (11, 28))

@@ -19,7 +19,9 @@ _WIDENED = (torch.uint16, torch.uint32)  # torch has few kernels for these; int6
 def unsigned_safe(fn: Callable | None = None, *, uint64: bool = False) -> Callable:
     """Make ``fn`` work on uint16/uint32 inputs (torch has few kernels for them) by computing in int64 and casting
     non-bool results back. ``uint64=True`` marks an op whose result bits do not depend on signedness (modular
-    add/sub/mul, selection), so uint64 runs bit-for-bit as int64; other ops leave uint64 to torch (which refuses)."""
+    add/sub/mul, selection), so uint64 runs bit-for-bit as int64; other ops have no exact uint64 computation (torch
+    has no kernels, int64 would read values >= 2**63 as negative): ``fn.uint64`` is False and their converters refuse
+    uint64 inputs."""
     if fn is None:
         return functools.partial(unsigned_safe, uint64=uint64)
 
@@ -37,6 +39,7 @@ def unsigned_safe(fn: Callable | None = None, *, uint64: bool = False) -> Callab
             return result if result.dtype == torch.bool else result.view(torch.uint64)
         return fn(*args)
 
+    apply.uint64 = uint64
     return apply
 
 

@@ -167,12 +167,16 @@ def test_unsigned_values_beyond_the_signed_range():
         run_op(op, {"a": a64, "b": b64}, NEWEST)
 
 
-def test_uint64_order_ops_fail_loudly():
-    """torch has no uint64 kernels for ordered ops; reading uint64 as int64 would be wrong, so it must raise."""
-    a = np.array([2**63 + 1, 1], dtype=np.uint64)
-    model = make_model([helper.make_node("Less", ["a", "b"], ["y"])], [("a", U64, [2]), ("b", U64, [2])], ["y"])
-    with pytest.raises((RuntimeError, NotImplementedError)):
-        run_torch(onnx2torch_rnn.convert(model), model, {"a": a, "b": a})
+@pytest.mark.parametrize("op", ["Div", "Mod", "Max", "Min", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+                                "Abs", "Sign"])
+def test_uint64_without_exact_computation_refused_at_conversion(op):
+    """torch has no uint64 kernels for these ops and reading uint64 as int64 would be wrong: refused at conversion,
+    naming node, input and dtype (not torch's NotImplementedError at run time)."""
+    unary = op in ("Abs", "Sign")
+    names = ["a"] if unary else ["a", "b"]
+    model = make_model([helper.make_node(op, names, ["y"], name="n")], [(n, U64, [2]) for n in names], ["y"])
+    with pytest.raises(UnsupportedAttributeError, match=rf"{op} node 'n': attribute input 0='uint64' is not supported"):
+        onnx2torch_rnn.convert(model)
 
 
 # ---- Pow with mixed types ------------------------------------------------------------------------------------------
