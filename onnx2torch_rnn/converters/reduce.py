@@ -28,7 +28,9 @@ REDUCE_OPS: dict[str, tuple[tuple[int, ...], int]] = {
 def reduce(node: OnnxNode, ctx) -> Converted:
     """Axes as attribute or input (constant or run-time), keepdims; absent or empty axes reduce all axes, or with
     noop_with_empty_axes=1 none (the element-wise steps still apply: ReduceSumSquare squares). Integer inputs
-    compute in their own type as onnxruntime does (mean truncates, sqrt/log/exp results truncate toward zero)."""
+    compute in their own type as onnxruntime does (mean truncates, sqrt/log/exp results truncate toward zero).
+    ReduceMax / ReduceMin over an empty axis give the spec's identity: -inf / +inf (an integer type's lowest /
+    highest value, as onnxruntime; bool False / True, which onnxruntime refuses)."""
     since = REDUCE_OPS[node.op_type][1]
     axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=since)
     noop = node.attr("noop_with_empty_axes", 0)

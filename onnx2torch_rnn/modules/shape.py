@@ -630,6 +630,23 @@ def _log_sum_exp(x, dims, keep):
     return (torch.log(total.double()) + (peak if keep else peak.squeeze(dims))).to(x.dtype)
 
 
+def _extreme(reduce: Callable, largest: bool) -> Callable:
+    """amax / amin, which refuse an empty reduction; the spec gives the identity there: -inf for max, +inf for min
+    (an integer type's lowest / highest value, False / True for bool)."""
+    def apply(x, dims, keep):
+        if all(x.shape[d] for d in dims):
+            return reduce(x, dims, keep)
+        if x.dtype == torch.bool:
+            identity = not largest
+        elif x.is_floating_point():
+            identity = -math.inf if largest else math.inf
+        else:
+            identity = torch.iinfo(x.dtype).min if largest else torch.iinfo(x.dtype).max
+        shape = [1 if d in dims else size for d, size in enumerate(x.shape) if keep or d not in dims]
+        return x.new_full(shape, identity)
+    return apply
+
+
 def _square(x):
     return x * x
 
@@ -637,8 +654,8 @@ def _square(x):
 REDUCTIONS: dict[str, tuple[Callable | None, Callable, Callable | None]] = {
     "ReduceSum": (None, _sum, None),
     "ReduceMean": (None, _mean, None),
-    "ReduceMax": (None, torch.amax, None),
-    "ReduceMin": (None, torch.amin, None),
+    "ReduceMax": (None, _extreme(torch.amax, largest=True), None),
+    "ReduceMin": (None, _extreme(torch.amin, largest=False), None),
     "ReduceProd": (None, _prod, None),
     "ReduceL1": (torch.abs, _sum, None),
     "ReduceL2": (_square, _sum, torch.sqrt),

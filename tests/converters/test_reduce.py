@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx.reference import ReferenceEvaluator
 
+import onnx2torch_rnn
 from onnx2torch_rnn.converters.reduce import REDUCE_OPS
 from onnx2torch_rnn.modules.shape import Reduce
-from tests.helpers import check, helper, initializers_to_inputs, make_model
+from tests.helpers import check, helper, initializers_to_inputs, make_model, run_torch
 
 F32, I64 = np.float32, np.int64
 OPS = list(REDUCE_OPS)
@@ -118,3 +120,20 @@ def test_reduce_integer_rounding_follows_onnxruntime(op):
 def test_reduce_scalar_input():
     model, feeds = reduce_model("ReduceSum", 13, None, 0, shape=())
     check(model, feeds)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("dtype", [F32, np.float64, np.int32, I64, np.int8, np.uint8, np.bool_])
+@pytest.mark.parametrize("axes, keepdims, runtime", [([1], 0, False), ([1], 1, True), (None, 1, False),
+                                                     ([0, -2], 0, True)])
+def test_reduce_max_min_over_an_empty_axis(op, dtype, axes, keepdims, runtime):
+    """The spec's identity: -inf / +inf (an integer type's lowest / highest value, as onnxruntime), bool False / True
+    (onnxruntime refuses bool there: the ONNX reference evaluator instead); torch's amax/amin raise IndexError."""
+    model, feeds = reduce_model(op, 20, axes, keepdims, dtype=dtype, runtime=runtime, shape=(2, 0, 3))
+    if dtype != np.bool_:
+        check(model, feeds)
+        return
+    expected = ReferenceEvaluator(model).run(None, feeds)
+    actual = run_torch(onnx2torch_rnn.convert(model), model, feeds)
+    for want, got in zip(expected, actual, strict=True):
+        np.testing.assert_array_equal(got, want, strict=True)
