@@ -324,18 +324,14 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
                 graph.call_module(target, (env[name],))
     outputs = [value(info.name) for info in graph_proto.output]
     graph.output(outputs[0] if len(outputs) == 1 and not is_subgraph else tuple(outputs))
-    module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))
-    module.graph.eliminate_dead_code()
-    module.delete_all_unused_submodules()
-    used = {n.target for n in module.graph.nodes if n.op == "get_attr"}
-    for n in constant_nodes.values():
-        if n.target not in used:  # a constant that only a dead node consumed
-            delattr(module, n.target)
+    graph.owning_module = root  # dead-code elimination asks the called modules whether they are impure
+    graph.eliminate_dead_code()
     for name in captured[:]:
         if not capture_nodes[name].users:  # read only by nodes that were folded or are dead
-            module.graph.erase_node(capture_nodes[name])
+            graph.erase_node(capture_nodes[name])
             captured.remove(name)
-    module.recompile()
+    # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
+    module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))
     return Subgraph(module, captured)
 
 

@@ -7,6 +7,7 @@ unknown to ``onnx.defs`` resolve to the highest registered version not above the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -54,6 +55,7 @@ def register_converter(
     return decorate
 
 
+@functools.cache  # onnx's lookup costs about 6 us, asked several times for every node of a graph
 def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
     try:
         return onnx.defs.get_schema(op_type, opset, normalize_domain(domain))
