@@ -256,7 +256,7 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
             constant_nodes[name] = graph.get_attr(target)
         return constant_nodes[name]
 
-    placeholder_names = _Names()
+    placeholder_names = _Names(("self",))  # forward's own first argument
     for info in graph_proto.input:
         if not ctx.is_local_constant(info.name):  # an input with an initializer of the same name is a constant
             env[info.name] = graph.placeholder(placeholder_names(info.name))

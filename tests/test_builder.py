@@ -1,5 +1,6 @@
 """The graph builder: inputs/outputs, naming, provenance, constant folding, parameters, training."""
 
+import inspect
 import time
 
 import numpy as np
@@ -88,6 +89,21 @@ def test_names_are_sanitised_and_unique():
     gm = check(make_model(nodes, [("input.1", np.float32, [2])], ["y"]))
     assert [name for name, _ in gm.named_children()] == ["layer_0", "layer_0_1", "forward_1"]
     assert gm(input_1=torch.ones(2)).tolist() == [1.0, 1.0]
+
+
+def test_input_names_that_are_not_identifiers_keep_their_arguments():
+    """Keywords, `self`, names that only differ in punctuation, a name that sanitises to another's suffixed form,
+    builtins: one forward argument per graph input, in ONNX order (Concat shows the order), each also a keyword."""
+    names = ["self", "def", "a.b", "a-b", "a_b", "a_b_1", "1x", "class", "_", "x y", "torch", "input", "forward",
+             "None", "b"]
+    nodes = [helper.make_node("Concat", names, ["y"], axis=0)]
+    model = make_model(nodes, [(n, np.float32, [1]) for n in names], ["y"])
+    feeds = {n: np.float32([k]) for k, n in enumerate(names)}
+    gm = check(model, feeds)
+    parameters = list(inspect.signature(gm.forward).parameters)
+    assert len(parameters) == len(names), parameters
+    by_keyword = gm(**{p: torch.tensor(feeds[n]) for p, n in zip(parameters, names, strict=True)})
+    assert by_keyword.tolist() == list(range(len(names)))
 
 
 def test_a_model_whose_weights_are_initializers_trains():
