@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import onnx
+import torch
 from torch import nn
 
 from .errors import UnsupportedAttributeError
@@ -83,6 +84,20 @@ class OnnxNode:
 
     def __repr__(self) -> str:
         return f"OnnxNode({self.op_type!r}, name={self.name!r}, version={self.version})"
+
+
+def refuse_uint64(node: OnnxNode, ctx) -> None:
+    """Refuse, at conversion, a node with a uint64 input whose computation has no exact uint64 form: torch has no
+    uint64 kernel for it, and reading the bits as int64 would turn values >= 2**63 negative (rather than torch's
+    NotImplementedError at run time)."""
+    for index, name in enumerate(node.inputs):
+        try:
+            uint64 = ctx.dtype(name) == torch.uint64
+        except NotImplementedError:  # an element type torch has no dtype for: not uint64
+            uint64 = False
+        if uint64:
+            raise node.unsupported(f"input {index}", "uint64", f"{node.op_type} has no exact uint64 computation "
+                                   "(torch has no kernel; int64 would read values >= 2**63 as negative)")
 
 
 @dataclass

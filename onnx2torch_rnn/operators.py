@@ -41,6 +41,10 @@ def markdown() -> str:
         "",
         "Generated from the converter registry by `python -m onnx2torch_rnn.operators > operators.md`; do not edit.",
         "`versions` are the ONNX since_versions with a converter; `opsets` the model opsets they serve.",
+        "uint64 inputs are refused at conversion by every op without an exact uint64 computation in torch (order,",
+        "division, reductions, products, Clip, CumSum, element gathers and scatters, Trilu, ReverseSequence, NonZero);",
+        "checked to compute uint64 exactly: Reshape, Transpose, Concat, Slice, Gather, GatherND, Pad, Tile, Expand,",
+        "TopK, Add, Sub, Mul, Equal, Where, BitShift, Cast.",
         "",
     ]
     details = []

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..modules import elementwise as ew
 from ..modules.common import ConstantValue, Function
-from ..node import Converted, OnnxNode
+from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 from ..tensors import to_torch
 
@@ -91,19 +91,10 @@ _FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...], str]] = {
 }
 
 
-def _refuse_uint64(node: OnnxNode, ctx, fn: Callable) -> None:
-    """At conversion, not at run time: ``fn`` has no exact uint64 computation (modules/elementwise.py)."""
-    if getattr(fn, "uint64", True):
-        return
-    for index, name in enumerate(node.inputs):
-        if ctx.dtype(name) == torch.uint64:
-            raise node.unsupported(f"input {index}", "uint64", f"{node.op_type} has no exact uint64 computation "
-                                   "(torch has no kernel; int64 would read values >= 2**63 as negative)")
-
-
 def _function_converter(op: str, fn: Callable, note: str):
     def convert(node: OnnxNode, ctx) -> Converted:
-        _refuse_uint64(node, ctx, fn)
+        if not getattr(fn, "uint64", True):  # unsigned_safe says whether uint64 is exact (modules/elementwise.py)
+            refuse_uint64(node, ctx)
         attributes = {name: node.attr(name) for name in node.schema.attributes}  # every attribute, schema defaults
         return Converted(Function(fn, **attributes), node.inputs)
 
@@ -127,9 +118,8 @@ def mod(node: OnnxNode, ctx) -> Converted:
     dtype = ctx.dtype(node.input(0))
     if fmod == 0 and node.version < 28 and dtype is not None and dtype.is_floating_point:
         raise node.unsupported("fmod", fmod, f"a floating-point Mod ({dtype}) needs fmod=1 before opset 28")
-    fn = ew.fmod if fmod else ew.remainder
-    _refuse_uint64(node, ctx, fn)
-    return Converted(Function(fn), node.inputs)
+    refuse_uint64(node, ctx)
+    return Converted(Function(ew.fmod if fmod else ew.remainder), node.inputs)
 
 
 @register_converter("BitShift", (11, 28))
@@ -161,6 +151,7 @@ def clip(node: OnnxNode, ctx) -> Converted:
     """Opset 6: min/max attributes (min > max is refused, as onnxruntime refuses it). Opset 11+: min/max inputs,
     absent, constant (baked in) or computed at run time; min > max gives max, and an absent float bound is the
     dtype's finite limit (so inf becomes the largest finite value), as in onnxruntime. Integer types from opset 12."""
+    refuse_uint64(node, ctx)
     x = node.input(0)
     dtype = ctx.dtype(x)
     if node.version < 11:

@@ -7,7 +7,7 @@ from torch import nn
 
 from ..modules.common import Function
 from ..modules.nn import Einsum, Gemm
-from ..node import Converted, OnnxNode
+from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 
 
@@ -24,6 +24,7 @@ def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 def matmul(node: OnnxNode, ctx) -> Converted:
     """Numpy-style matmul (torch.matmul). A constant 2-D floating right operand used by this node only becomes a
     bias-free nn.Linear (exact for 1-D and N-D left operands too)."""
+    refuse_uint64(node, ctx)
     b = ctx.owned_constant(node.input(1))
     if b is not None and b.dim() == 2:
         return Converted(linear(b.t(), None), [node.input(0)])
@@ -35,6 +36,7 @@ def gemm(node: OnnxNode, ctx) -> Converted:
     """alpha * A' @ B' + beta * C. With transA=0, a constant B and a constant (or absent) C that broadcasts along
     rows only, it becomes nn.Linear with alpha, beta and transB folded into its weight and bias; otherwise a
     generic module."""
+    refuse_uint64(node, ctx)
     alpha, beta = node.attr("alpha"), node.attr("beta")
     trans_a, trans_b = node.attr("transA"), node.attr("transB")
     b, c = ctx.owned_constant(node.input(1)), ctx.owned_constant(node.input(2))
@@ -52,4 +54,5 @@ def gemm(node: OnnxNode, ctx) -> Converted:
 @register_converter("Einsum", (12, 28))
 def einsum(node: OnnxNode, ctx) -> Converted:
     """torch.einsum with the node's equation (explicit and implicit forms, ellipsis broadcasting)."""
+    refuse_uint64(node, ctx)
     return Converted(Einsum(node.attr("equation")), node.inputs)

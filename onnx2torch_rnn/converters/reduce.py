@@ -6,7 +6,7 @@ The table gives each op's ONNX versions and the version from which ``axes`` is a
 from __future__ import annotations
 
 from ..modules.shape import Reduce
-from ..node import Converted, OnnxNode
+from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 from .shape import attribute_or_input, converted
 
@@ -31,6 +31,7 @@ def reduce(node: OnnxNode, ctx) -> Converted:
     compute in their own type as onnxruntime does (mean truncates, sqrt/log/exp results truncate toward zero).
     ReduceMax / ReduceMin over an empty axis give the spec's identity: -inf / +inf (an integer type's lowest /
     highest value, as onnxruntime; bool False / True, which onnxruntime refuses)."""
+    refuse_uint64(node, ctx)
     since = REDUCE_OPS[node.op_type][1]
     axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=since)
     noop = node.attr("noop_with_empty_axes", 0)

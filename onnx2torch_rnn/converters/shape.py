@@ -16,7 +16,7 @@ from onnx import NodeProto, TensorProto, helper, numpy_helper
 from ..builder import ConversionContext
 from ..modules import shape as m
 from ..modules.common import Function
-from ..node import Converted, OnnxNode
+from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 from ..tensors import torch_dtype
 
@@ -400,6 +400,7 @@ def gather(node: OnnxNode, ctx) -> Converted:
 @register_converter("GatherElements", (11, 13))
 def gather_elements(node: OnnxNode, ctx) -> Converted:
     """torch.gather, negative indices included."""
+    refuse_uint64(node, ctx)
     return Converted(m.GatherElements(node.attr("axis")), node.inputs)
 
 
@@ -424,6 +425,7 @@ def _reduction(node: OnnxNode) -> str:
 def scatter_elements(node: OnnxNode, ctx) -> Converted:
     """torch.scatter / scatter_reduce with reduction none/add/mul (16) and max/min (18); negative indices included.
     With duplicate indices and reduction none the result is unspecified (as in ONNX)."""
+    refuse_uint64(node, ctx)
     return Converted(m.ScatterElements(node.attr("axis"), _reduction(node)), node.inputs)
 
 
@@ -437,6 +439,7 @@ def scatter(node: OnnxNode, ctx) -> Converted:
 def scatter_nd(node: OnnxNode, ctx) -> Converted:
     """One scatter over linearised index tuples, reduction none/add/mul (16) and max/min (18), negative indices
     included. With duplicate indices and reduction none the result is unspecified (as in ONNX)."""
+    refuse_uint64(node, ctx)
     return Converted(m.ScatterND(_reduction(node)), node.inputs)
 
 
@@ -449,6 +452,7 @@ def compress(node: OnnxNode, ctx) -> Converted:
 @register_converter("NonZero", (9, 13))
 def nonzero(node: OnnxNode, ctx) -> Converted:
     """Indices of non-zero elements, shape (rank, n); a 0-d input gives shape (1, n) as in onnxruntime."""
+    refuse_uint64(node, ctx)
     return Converted(m.NonZero(), node.inputs)
 
 
@@ -507,6 +511,7 @@ def one_hot(node: OnnxNode, ctx) -> Converted:
 @register_converter("Trilu", (14,))
 def trilu(node: OnnxNode, ctx) -> Converted:
     """torch.triu / torch.tril over the last two dims; k constant or run-time."""
+    refuse_uint64(node, ctx)
     k = node.input(1)
     module = m.Trilu(node.attr("upper"), 0 if k is None else _first(constant_ints(ctx, k)))
     return converted(module, [node.input(0), run_time(ctx, k)])
@@ -553,6 +558,7 @@ def cast_like(node: OnnxNode, ctx) -> Converted:
 @register_converter("ReverseSequence", (10, 28))
 def reverse_sequence(node: OnnxNode, ctx) -> Converted:
     """Reverses the first sequence_lens[b] steps of each batch entry (one gather)."""
+    refuse_uint64(node, ctx)
     module = m.ReverseSequence(node.attr("batch_axis"), node.attr("time_axis"))
     return Converted(module, node.inputs)
 
@@ -571,6 +577,7 @@ def top_k(node: OnnxNode, ctx) -> Converted:
 def _arg_extreme(node: OnnxNode, ctx) -> Converted:
     """First index of the extreme along `axis` (last with select_last_index, opset 12), keepdims. NaN counts as
     the extreme (torch); onnxruntime's scan skips NaN unless it comes first."""
+    refuse_uint64(node, ctx)
     fn = torch.argmax if node.op_type == "ArgMax" else torch.argmin
     module = m.ArgExtreme(fn, node.attr("axis"), node.attr("keepdims"), node.attr("select_last_index", 0))
     return Converted(module, [node.input(0)])
@@ -583,6 +590,7 @@ for _op in ("ArgMax", "ArgMin"):
 @register_converter("CumSum", (11, 14))
 def cum_sum(node: OnnxNode, ctx) -> Converted:
     """Cumulative sum in the input's dtype, exclusive and reverse; axis constant or run-time."""
+    refuse_uint64(node, ctx)
     axis = node.input(1)
     module = m.CumSum(node.attr("exclusive"), node.attr("reverse"), _first(constant_ints(ctx, axis)))
     return converted(module, [node.input(0), run_time(ctx, axis)])

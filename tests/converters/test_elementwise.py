@@ -167,14 +167,31 @@ def test_unsigned_values_beyond_the_signed_range():
         run_op(op, {"a": a64, "b": b64}, NEWEST)
 
 
-@pytest.mark.parametrize("op", ["Div", "Mod", "Max", "Min", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
-                                "Abs", "Sign"])
+# ops without an exact uint64 computation: op -> (the inputs after "a" (uint64 [2, 3]), attributes, initializers)
+NO_UINT64 = {
+    **{op: (["a"], {}, {}) for op in ("Div", "Mod", "Max", "Min", "Less", "LessOrEqual", "Greater",
+                                       "GreaterOrEqual")},
+    **{op: ([], {}, {}) for op in ("Abs", "Sign", "ReduceSum", "ReduceMax", "ReduceMean", "ReduceL2", "ArgMax",
+                                   "ArgMin", "NonZero", "Trilu")},
+    "Einsum": (["a"], {"equation": "ij,ij->i"}, {}),
+    "MatMul": (["b"], {}, {"b": np.ones((3, 2), U64)}),
+    "Gemm": (["b"], {"transB": 1}, {"b": np.ones((2, 3), U64)}),
+    "Clip": (["lo"], {}, {"lo": np.array(2, U64)}),
+    "CumSum": (["axis"], {}, {"axis": np.array(1)}),
+    "GatherElements": (["i"], {}, {"i": np.zeros((2, 3), np.int64)}),
+    "ScatterElements": (["i", "a"], {}, {"i": np.zeros((2, 3), np.int64)}),
+    "ScatterND": (["i", "v"], {}, {"i": np.array([[0]]), "v": np.ones((1, 3), U64)}),
+    "ReverseSequence": (["lens"], {"batch_axis": 0, "time_axis": 1}, {"lens": np.array([2, 3])}),
+}
+
+
+@pytest.mark.parametrize("op", NO_UINT64)
 def test_uint64_without_exact_computation_refused_at_conversion(op):
     """torch has no uint64 kernels for these ops and reading uint64 as int64 would be wrong: refused at conversion,
     naming node, input and dtype (not torch's NotImplementedError at run time)."""
-    unary = op in ("Abs", "Sign")
-    names = ["a"] if unary else ["a", "b"]
-    model = make_model([helper.make_node(op, names, ["y"], name="n")], [(n, U64, [2]) for n in names], ["y"])
+    inputs, attributes, initializers = NO_UINT64[op]
+    model = make_model([helper.make_node(op, ["a", *inputs], ["y"], name="n", **attributes)], [("a", U64, [2, 3])],
+                       ["y"], initializers, opset=18)
     with pytest.raises(UnsupportedAttributeError, match=rf"{op} node 'n': attribute input 0='uint64' is not supported"):
         onnx2torch_rnn.convert(model)
 
