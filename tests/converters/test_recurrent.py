@@ -770,7 +770,7 @@ BAD_RUNTIME = [
     ("h0", np.ones((2, 4, 3), np.float32), "initial_h must have shape [2, 3, 3], got [2, 4, 3]"),
     ("c0", np.ones((1, 3, 3), np.float32), "initial_c must have shape [2, 3, 3], got [1, 3, 3]"),
     ("L", np.array([5, 5], np.int32), "sequence_lens must have shape [3], got [2]"),
-    ("L", np.array([5., 5., 5.], np.float32), "sequence_lens must be int32 or int64, got "),
+    ("L", np.array([5., 5., 5.], np.float32), "sequence_lens must be int32 or int64, got float32"),
 ]
 
 
@@ -791,8 +791,7 @@ def test_wrong_inputs_at_run_time_named(name, value, message):
         with pytest.raises(ValueError) as caught:
             module(*ordered)
         errors.append(str(caught.value))
-    assert errors[0].startswith(message), errors
-    assert errors[0] == errors[1] or "must be int32 or int64" in message, errors  # the kernel names dtypes its way
+    assert errors[0].splitlines()[0] == errors[1] == message, errors
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])

@@ -495,6 +495,23 @@ std::string shape_text(const Shape& shape) {  // as Python prints a list: [2, 3]
   return text.str();
 }
 
+// A dtype as Python prints it (torch.float32 -> float32), for validation.py's words.
+std::string dtype_text(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(dtype);
+  }
+}
+
 // The messages of validation.py's (`expected` as the tensor's own layout has it).
 void check_shape(const std::string& name, const at::Tensor& t, const std::vector<int64_t>& expected) {
   if (!t.defined()) return;
@@ -543,7 +560,8 @@ at::Tensor as_compute(const at::Tensor& t, at::ScalarType dtype) {
 at::Tensor checked_lengths(const std::optional<at::Tensor>& sequence_lens, int64_t steps, int64_t batch) {
   if (!sequence_lens) return {};
   const at::ScalarType dtype = sequence_lens->scalar_type();
-  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "sequence_lens must be int32 or int64, got ", dtype);
+  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "sequence_lens must be int32 or int64, got ",
+                    dtype_text(dtype));
   at::Tensor lens = sequence_lens->to(at::kLong).contiguous();
   check_shape("sequence_lens", lens, {batch});
   const int64_t* p = lens.data_ptr<int64_t>();
