@@ -205,3 +205,17 @@ def test_gru_batch_zero_and_empty_sequence():
         assert y.shape == (0, 1, 4, 3) and torch.equal(y_h, torch.zeros(1, 4, 3))  # onnxruntime: zero states
         y, y_h = module(torch.randn(5, 0, 2))
         assert y.shape == (5, 1, 0, 3) and y_h.shape == (1, 0, 3)
+
+
+def test_config_of_a_program_saved_before_hidden_size():
+    """Programs exported earlier carry op configs without the hidden_size key: both implementations still run them."""
+    module = lstm(clip=5.0)
+    X = torch.randn(6, 2, 3)
+    weights = [module.W, module.R, module.B]
+    old = ";".join(item for item in module.op_config.split(";") if not item.startswith("hidden_size="))
+    with torch.no_grad():
+        expected = op.run(X, weights, module.op_config)
+        for got in (op.run(X, weights, old), op._python_impl(X, weights, old, None, None, None, None)):
+            for want, have in zip(expected, got, strict=False):
+                if want is not None:
+                    torch.testing.assert_close(have, want)

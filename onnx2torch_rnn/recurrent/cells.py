@@ -286,7 +286,7 @@ def decode(key: str) -> tuple[Cell, RecurrentConfig, str]:
     per = len(cell.default_activations)
     directions = len(acts) // per
     roles = tuple(tuple(acts[d * per + k] for d in range(directions)) for k in range(per))
-    hidden = int(fields["hidden_size"]) if fields["hidden_size"] else None
+    hidden = int(fields["hidden_size"]) if fields.get("hidden_size") else None  # absent in older saved programs
     cfg = RecurrentConfig(hidden, fields["direction"], int(fields["layout"]), roles,
                           float(fields["clip"]) if fields["clip"] else None, fields["input_forget"] == "1",
                           fields["linear_before_reset"] == "1", tuple(o == "1" for o in fields["outputs"]),

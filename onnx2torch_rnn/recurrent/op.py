@@ -13,7 +13,8 @@ Schema::
 - weights: ``weights=torch`` in config: the flat weights of the nn.LSTM/GRU/RNN, per direction w_ih [gH, I], w_hh
   [gH, H] and, with bias, b_ih, b_hh [gH], in torch's gate order (cells.py: ``torch_gates``). Otherwise the ONNX
   weights whose letters config lists, in that order: W [D, gH, I], R [D, gH, H], B [D, 2gH], P [D, 3H].
-- config: ``key=value`` pairs joined by ``;``, every key always present, in this order:
+- config: ``key=value`` pairs joined by ``;``, every key always present, in this order (``hidden_size`` may be
+  absent in programs exported before it was added):
   ``cell`` LSTM|GRU|RNN; ``hidden_size`` the attribute or empty (then R's last dim; shapes are checked against it);
   ``direction`` forward|reverse|bidirectional; ``layout`` 0|1; ``activations`` one entry per function in ONNX
   attribute order (per direction: LSTM f,g,h; GRU f,g; RNN f), comma-separated, each ``Name[:alpha[:beta]]``

@@ -74,7 +74,8 @@ inline Config parse_config(const std::string& key) {
   c.cell = cell == "LSTM" ? CellType::LSTM : cell == "GRU" ? CellType::GRU : CellType::RNN;
   c.gates = c.cell == CellType::LSTM ? 4 : c.cell == CellType::GRU ? 3 : 1;
   c.roles = c.cell == CellType::LSTM ? 3 : c.cell == CellType::GRU ? 2 : 1;
-  if (!fields.at("hidden_size").empty()) c.hidden_size = std::stoll(fields.at("hidden_size"));
+  const auto hidden = fields.find("hidden_size");  // absent in programs saved before it was a key
+  if (hidden != fields.end() && !hidden->second.empty()) c.hidden_size = std::stoll(hidden->second);
   c.directions = fields.at("direction") == "bidirectional" ? 2 : 1;
   c.reverse = fields.at("direction") == "reverse";
   c.layout = std::stoi(fields.at("layout"));
