@@ -16,6 +16,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 
@@ -457,30 +460,53 @@ struct Direction {
   };
   template <int MR> struct Rnn { static void run(Direction& s, int64_t n, int64_t b) { s.rnn_tile<MR>(n, b); } };
 
-  // Splits the blocks over threads when `parallel`, else runs them here.
-  template <template <int> class Tile>
-  void over_blocks(bool parallel) {
-    if (!parallel) return blocks_of<Tile>(0, blocks);
-    at::parallel_for(0, blocks, 1, [this](int64_t b0, int64_t b1) { blocks_of<Tile>(b0, b1); });
+  // One step over the hidden blocks [b0, b1). `sync` runs between the two passes of a GRU without
+  // linear_before_reset: its candidate's product reads r·H of every block.
+  template <class Sync>
+  void step_blocks(int64_t b0, int64_t b1, Sync sync) {
+    switch (c->cell) {
+      case CellType::LSTM: blocks_of<Lstm>(b0, b1); break;
+      case CellType::RNN: blocks_of<Rnn>(b0, b1); break;
+      case CellType::GRU:
+        if (c->linear_before_reset) {
+          blocks_of<Gru>(b0, b1);
+        } else {
+          blocks_of<GruGates>(b0, b1);
+          sync();
+          blocks_of<GruCandidate>(b0, b1);
+        }
+        break;
+    }
   }
 
   // `longest` steps: the longest row's length. Every step writes every row's state into h_next (rows that do not
-  // run copy theirs), so after the loop h_prev holds each row's state after its own last step.
-  void recur(int64_t longest, bool parallel) {
+  // run copy theirs), so after the loop h_prev holds each row's state after its own last step. With `threads` > 1
+  // one team of threads splits the hidden blocks for the whole recurrence, with a barrier per step rather than a
+  // fork and join; each thread keeps its own copy of the step's bookkeeping (rows, pointers) over the shared buffers.
+  void recur(int64_t longest, int threads) {
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+      {
+        Direction own = *this;
+        const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+        const int64_t b0 = blocks * t / n, b1 = blocks * (t + 1) / n;
+        for (int64_t s = 0; s < longest; ++s) {
+          own.prepare_step(s);
+          own.step_blocks(b0, b1, [] {
+#pragma omp barrier
+          });
+#pragma omp barrier
+          std::swap(own.h_prev, own.h_next);
+        }
+      }
+      if (longest % 2) std::swap(h_prev, h_next);  // where the threads' copies ended
+      return;
+    }
+#endif
     for (int64_t s = 0; s < longest; ++s) {
       prepare_step(s);
-      switch (c->cell) {
-        case CellType::LSTM: over_blocks<Lstm>(parallel); break;
-        case CellType::RNN: over_blocks<Rnn>(parallel); break;
-        case CellType::GRU:
-          if (c->linear_before_reset) {
-            over_blocks<Gru>(parallel);
-          } else {
-            over_blocks<GruGates>(parallel);
-            over_blocks<GruCandidate>(parallel);
-          }
-          break;
-      }
+      step_blocks(0, blocks, [] {});
       std::swap(h_prev, h_next);
     }
   }
@@ -656,7 +682,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
   }
   // Threads: both directions at once, or else one direction's hidden blocks, in the input projection and per step,
   // when that work is worth a fork and join (about a microsecond each).
-  const int threads = at::get_num_threads();
+  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();  // no nested teams
   const int64_t longest = any_lens ? lens.max().item<int64_t>() : steps;
   auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
   auto direction = [&](Direction<T>& r, bool split) {
@@ -666,7 +692,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
       case 3: r.template project<3>(x.data_ptr<T>(), rows, input, split_projection); break;
       default: r.template project<1>(x.data_ptr<T>(), rows, input, split_projection); break;
     }
-    r.recur(longest, split && worth_splitting(batch * gh * hidden));
+    r.recur(longest, split && worth_splitting(batch * gh * hidden) ? std::min<int64_t>(threads, blocks) : 1);
   };
   if (D == 2 && threads > 1) {
     at::parallel_for(0, 2, 1, [&](int64_t d0, int64_t d1) {
