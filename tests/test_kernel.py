@@ -98,18 +98,20 @@ def test_kernel_matches_python(seed):
                 torch.testing.assert_close(have, want, **tolerance, msg=lambda m, c=cfg: f"{c}: {m}")
 
 
+@pytest.mark.parametrize("hidden", [160, 600])
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("op_type, attributes", [("LSTM", {}), ("GRU", {"linear_before_reset": 0}),
                                                  ("GRU", {"linear_before_reset": 1}), ("RNN", {})])
-def test_threaded_paths_match_python(op_type, attributes, direction):
+def test_threaded_paths_match_python(op_type, attributes, direction, hidden):
     """Sizes large enough for the kernel to split work over 2 threads: both directions at once, or one direction's
-    hidden blocks in the input projection and, in one team of threads, in every step (random lengths)."""
+    hidden blocks in the input projection and, in one team of threads, in every step (random lengths). Hidden 600:
+    one direction's weights pass half of a 2 MiB L2, so a bidirectional node splits blocks, direction by direction."""
     rng = random.Random(f"{op_type}{attributes}{direction}")
     cell = CELLS[op_type]
-    directions, hidden, size, steps, batch = (2 if direction == "bidirectional" else 1), 160, 96, 12, 9
+    directions, size, steps, batch = (2 if direction == "bidirectional" else 1), 96, 12, 9
     cfg = make_config(cell, direction=direction, **attributes)
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
-    weights = [torch.randn(directions, cell.gates * hidden, n, generator=generator) * 0.1 for n in (size, hidden)]
+    weights = [torch.randn(directions, cell.gates * hidden, n, generator=generator) / n**0.5 for n in (size, hidden)]
     X = torch.randn(steps, batch, size, generator=generator)
     lens = torch.tensor([rng.randint(0, steps) for _ in range(batch)], dtype=torch.int32)
     expected = recurrent(cell, cfg, X, *weights, sequence_lens=lens)

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -617,6 +618,19 @@ void copy_states(const Config& c, const T* from, T* to, int64_t batch, int64_t h
   }
 }
 
+// One core's L2 cache in bytes, as the C library reports it (1 MiB when it does not).
+int64_t l2_bytes() {
+  static const int64_t bytes = [] {
+#ifdef _SC_LEVEL2_CACHE_SIZE  // glibc
+    const long reported = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#else
+    const long reported = 0;
+#endif
+    return reported > 0 ? int64_t{reported} : int64_t{1} << 20;
+  }();
+  return bytes;
+}
+
 template <typename T>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Tensor& X, at::TensorList weights,
                                                    int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
@@ -681,8 +695,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
     r.y_rows.assign(batch, nullptr);
   }
   // Threads: both directions at once, or else one direction's hidden blocks, in the input projection and per step,
-  // when that work is worth a fork and join (about a microsecond each).
+  // when that work is worth a fork and join (about a microsecond each). Both directions at once only while one
+  // direction's recurrent weights fit half a core's L2: past that (hidden 512 LSTM: 4 MiB) each core streams its
+  // direction's weights from memory every step, and splitting every direction's blocks (each core then re-reads
+  // the half it keeps in cache) ran 1.7x faster.
   const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();  // no nested teams
+  const bool directions_at_once = D == 2 && threads > 1 && gh * hidden * int64_t{sizeof(T)} <= l2_bytes() / 2;
   const int64_t longest = any_lens ? lens.max().item<int64_t>() : steps;
   auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
   auto direction = [&](Direction<T>& r, bool split) {
@@ -694,7 +712,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
     }
     r.recur(longest, split && worth_splitting(batch * gh * hidden) ? std::min<int64_t>(threads, blocks) : 1);
   };
-  if (D == 2 && threads > 1) {
+  if (directions_at_once) {
     at::parallel_for(0, 2, 1, [&](int64_t d0, int64_t d1) {
       for (int64_t d = d0; d < d1; ++d) direction(runs[d], false);
     });
