@@ -60,6 +60,7 @@ ROOT = HERE.parent
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 RECURRENT = tuple(GATES)
 TARGET_EAGER, TARGET_MEDIAN, TARGET_COMPILED_OVER_EAGER, TARGET_TRAIN = 1.0, 0.8, 1.05, 1.1
+SETTLE = 0.08  # seconds each turn runs untimed with several threads (see interleaved_medians)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,14 +239,19 @@ def gemm_floor(matmuls: list[tuple[int, int, int, int, int, int]]) -> Callable[[
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], budget: float, rounds: int = 3,
-                        max_samples: int = 300) -> dict[str, float]:
+                        max_samples: int = 300, settle: float = 0.0) -> dict[str, float]:
     """Median seconds per call of each function. The functions take turns, ``rounds`` times, each running for
-    ``budget / rounds`` seconds (at least once) per turn, so that machine noise hits all of them alike."""
+    ``budget / rounds`` seconds (at least once) per turn, so that machine noise hits all of them alike. Each turn
+    first runs its function for ``settle`` seconds untimed: with several threads, the previous turn's thread pool
+    still spins for tens of milliseconds (onnxruntime's by default, OpenMP's too) and takes a core from this one."""
     samples = {k: [] for k in fns}
     for fn in fns.values():
         fn()  # warm-up
     for _ in range(rounds):
         for key, fn in fns.items():
+            start = time.perf_counter()
+            while time.perf_counter() - start < settle:
+                fn()
             start = time.perf_counter()
             for _ in range(max_samples // rounds):
                 t0 = time.perf_counter()
@@ -298,7 +304,7 @@ def bench_case(case: Case, threads: list[int], compiled: bool, budget: float) ->
         if floor is not None:
             fns["floor"] = floor
         with torch.no_grad():
-            row = interleaved_medians(fns, budget)
+            row = interleaved_medians(fns, budget, settle=SETTLE if n > 1 else 0.0)
         row.update(config=case.name, threads=n, path=path)
         if compiled:
             row["compile_s"] = compile_seconds
@@ -442,7 +448,7 @@ def reexport_rows(cases: list[Case], threads: list[int], budget: float) -> list[
                                                    providers=["CPUExecutionProvider"])
                         for name, model in (("original", case.model), ("reexported", reexported))}
             runs = {k: lambda s=s, feeds=case.feeds: s.run(None, feeds) for k, s in sessions.items()}
-            row = interleaved_medians(runs, budget)
+            row = interleaved_medians(runs, budget, settle=SETTLE if n > 1 else 0.0)
             row.update(config=case.name, threads=n)
             rows.append(row)
             print(f"{case.name:<52} t{n} original in ort {row['original'] * 1e3:8.3f} ms  to_onnx's "
@@ -486,7 +492,7 @@ def train_step_rows(threads: list[int], budget: float, shapes=((1, 16), (8, 64))
             steps_of[name] = step
         for n in threads:
             torch.set_num_threads(n)
-            row = interleaved_medians(steps_of, budget)
+            row = interleaved_medians(steps_of, budget, settle=SETTLE if n > 1 else 0.0)
             row.update(config=f"train step: examples/bilstm_tagger.onnx T{steps} B{batch}", threads=n)
             rows.append(row)
             print(f"{row['config']:<52} t{n} original {row['original'] * 1e3:8.3f} ms  converted "
