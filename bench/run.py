@@ -1,9 +1,11 @@
 """Benchmark converted recurrent models against onnxruntime, in one process and one run.
 
-    .venv/bin/python bench/run.py                  # the full suite: 600 rows, about 13 minutes on 2 idle cores
-    .venv/bin/python bench/run.py --suite quick    # 18 cases, for iteration (about 2 minutes per thread count)
-    options: --threads 1 2 (the default), --no-compile, --no-models, --no-conversion, --filter REGEX (cases whose
-             name matches), --budget SECONDS (timing per variant and row), --out FILE (bench/results/<suite>.md)
+    .venv/bin/python bench/run.py                  # the full suite: 592 single-node rows (about 9 minutes with
+                                                   # --no-compile on 2 idle cores; compiling every case is slow)
+    .venv/bin/python bench/run.py --suite quick    # 19 cases, both thread counts, for iteration (about 2 minutes)
+    options: --threads 1 2 (the default), --no-compile, --no-models, --no-train, --no-reexport, --no-conversion,
+             --filter REGEX (cases whose name matches), --budget SECONDS (timing per variant and row),
+             --out FILE (bench/results/<suite>.md)
 
 Run it on otherwise idle cores: timings are medians, but with 2 threads on 2 busy cores torch's OpenMP regions wait
 for a descheduled thread (100x slowdowns seen) while onnxruntime's thread pool does not.
