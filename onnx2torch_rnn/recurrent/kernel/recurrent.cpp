@@ -3,20 +3,24 @@
 // this kernel's reference and fallback).
 //
 // How it is fast:
-// - The input projection X·Wᵀ + biases of every step is one GEMM per node (torch's, over T·N rows).
+// - The input projection X·Wᵀ + biases of every step is one product per direction before the recurrence, on W
+//   packed like the recurrent weights below, over all T·N rows.
 // - The recurrent weights are packed once per weight version (a cache keyed on the weight tensors' identity and
 //   version counters): for each block of `lanes` hidden units (16 floats, one AVX-512 register), the rows of all the
 //   cell's gates for those units, interleaved over k. One pass over a block then yields every gate of those units,
 //   and the gate equations run on the accumulators at once: the state's GEMM and the gate loop are one fused loop,
 //   with no gate buffer in between and no allocation per step.
 // - Rows (batch) go in tiles of up to 4, with enough independent accumulators to hide the FMA latency.
-// - Threads: a bidirectional node runs its two directions in parallel; one direction splits its hidden blocks over
-//   threads per step when a step has enough work to pay for the synchronisation.
+// - Threads: a bidirectional node runs its two directions in parallel while a direction's weights stay in cache;
+//   otherwise one team of threads splits each direction's hidden blocks, in the projection and in every step (a
+//   barrier per step), when the work pays for the synchronisation.
 // float16/bfloat16 are computed in float32 and cast back (as onnxruntime does), float64 in float64.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <unistd.h>
+#if __has_include(<unistd.h>)
+#include <unistd.h>  // sysconf
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
