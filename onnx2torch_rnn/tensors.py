@@ -56,6 +56,8 @@ def external_data_path(tensor: TensorProto, base_dir: str | None) -> str:
             f"tensor {tensor.name!r} keeps its data in external file {location!r}, but the model was not "
             "loaded from a path: pass the model's file path so its folder is known"
         )
+    if "\x00" in location:  # onnx accepts it; the OS path functions would raise a bare ValueError
+        raise InvalidModelError(f"tensor {tensor.name!r}: external data location {location!r} contains a NUL byte")
     root = os.path.realpath(base_dir)
     path = os.path.realpath(os.path.join(root, location))
     if not location or os.path.isabs(location) or os.path.commonpath([root, path]) != root:
@@ -70,10 +72,10 @@ def external_data_path(tensor: TensorProto, base_dir: str | None) -> str:
 def _read_external(tensor: TensorProto, base_dir: str | None) -> np.ndarray:
     path = external_data_path(tensor, base_dir)
     info = {entry.key: entry.value for entry in tensor.external_data}
-    offset = int(info.get("offset", 0))
+    offset = _byte_count(tensor, info, "offset", 0)
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
     count = int(np.prod(tensor.dims, dtype=np.int64))
-    if "length" in info and int(info["length"]) != count * dtype.itemsize:
+    if "length" in info and _byte_count(tensor, info, "length", 0) != count * dtype.itemsize:
         raise InvalidModelError(f"tensor {tensor.name!r}: external data length does not match its shape")
     with open(path, "rb") as f:
         f.seek(offset)
@@ -83,17 +85,32 @@ def _read_external(tensor: TensorProto, base_dir: str | None) -> np.ndarray:
     return data.astype(dtype, copy=False).reshape(tuple(tensor.dims))
 
 
+def _byte_count(tensor: TensorProto, info: dict[str, str], key: str, default: int) -> int:
+    value = info.get(key, str(default))
+    if not (value.isascii() and value.isdigit()):  # digits only: no sign, no spaces
+        raise InvalidModelError(f"tensor {tensor.name!r}: external data {key} {value!r} is not a byte count")
+    return int(value)
+
+
+def _inline_array(tensor: TensorProto, dtype: torch.dtype) -> np.ndarray:
+    if tensor.HasField("raw_data") and dtype not in (torch.bool, torch.complex64, torch.complex128):
+        # one writable copy of the little-endian bytes (numpy_helper.to_array and a copy would make two)
+        np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+        return np.frombuffer(tensor.raw_data, np_dtype.newbyteorder("<")).astype(np_dtype).reshape(tensor.dims)
+    return numpy_helper.to_array(tensor)
+
+
 def to_torch(tensor: TensorProto, base_dir: str | None = None) -> torch.Tensor:
     """A TensorProto (inline or external data) as a torch tensor of the matching dtype."""
     dtype = torch_dtype(tensor.data_type)
     if is_external(tensor):
         array = _read_external(tensor, base_dir)
-    elif tensor.HasField("raw_data") and dtype not in (torch.bool, torch.complex64, torch.complex128):
-        # one writable copy of the little-endian bytes (numpy_helper.to_array and a copy would make two)
-        np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
-        array = np.frombuffer(tensor.raw_data, np_dtype.newbyteorder("<")).astype(np_dtype).reshape(tensor.dims)
     else:
-        array = numpy_helper.to_array(tensor)
+        try:
+            array = _inline_array(tensor, dtype)
+        except ValueError as error:  # more data than the dims hold (the checker catches less), or a partial element
+            raise InvalidModelError(f"tensor {tensor.name!r}: its data does not fit its declared dims "
+                                    f"{list(tensor.dims)} ({error})") from None
     # np.ascontiguousarray would turn a 0-d array into 1-d: copy only when needed instead
     if not (array.flags.c_contiguous and array.flags.writeable):
         array = array.copy()

@@ -56,6 +56,29 @@ def test_external_data_outside_the_model_folder_is_refused(tmp_path, location):
         onnx2torch_rnn.convert(path)
 
 
+@pytest.mark.parametrize("location", ["weights\x00.bin", "weights.bin\x00../../etc/passwd"])
+def test_external_data_location_with_a_nul_byte_is_refused(tmp_path, location):
+    # onnx accepts such a location; the OS path functions raise a bare ValueError on it
+    path = _save_external(_model_with_weight(np.ones((2, 3), np.float32)), tmp_path / "m")
+    _set_location(path, location)
+    with pytest.raises(InvalidModelError, match="NUL"):
+        onnx2torch_rnn.convert(path)
+
+
+@pytest.mark.parametrize("entry, value", [("offset", "-4"), ("offset", "ten"), ("length", "x"), ("length", "-1")])
+def test_external_data_offset_and_length_must_be_byte_counts(tmp_path, entry, value):
+    path = _save_external(_model_with_weight(np.ones((2, 3), np.float32)), tmp_path / "m")
+    model = onnx.load(path, load_external_data=False)
+    info = model.graph.initializer[0].external_data
+    kept = [(e.key, e.value) for e in info if e.key != entry]
+    del info[:]
+    for key, old in [*kept, (entry, value)]:
+        info.add(key=key, value=old)
+    onnx.save(model, path)
+    with pytest.raises(InvalidModelError, match=f"external data {entry}"):
+        onnx2torch_rnn.convert(path)
+
+
 def test_missing_external_file_is_a_clear_error(tmp_path):
     path = _save_external(_model_with_weight(np.ones((2, 3), np.float32)), tmp_path / "m")
     os.remove(tmp_path / "m" / "weights.bin")
@@ -116,3 +139,23 @@ def test_opset_newer_than_known_refused():
     with pytest.raises(onnx2torch_rnn.UnsupportedOpsetError,
                        match=f"imports opset {newest + 1} of ai.onnx; the newest this package knows is {newest}"):
         onnx2torch_rnn.convert(model)
+
+
+def _inline(dtype, values, raw=False):
+    tensor = helper.make_tensor("w", dtype, [len(values) // 4 if raw else len(values)], values, raw=raw)
+    tensor.dims[:] = [3]  # declared dims that do not match the data
+    return tensor
+
+
+@pytest.mark.parametrize("tensor", [
+    _inline(TensorProto.FLOAT, [1.0, 2.0, 3.0, 4.0]),  # more values than the dims hold: the checker allows it
+    _inline(TensorProto.FLOAT, np.ones(4, np.float32).tobytes(), raw=True),
+    _inline(TensorProto.FLOAT, [1.0, 2.0]),  # fewer: the checker's message
+    _inline(TensorProto.INT64, [1, 2, 3, 4]),
+], ids=["float_data long", "raw_data long", "float_data short", "int64_data long"])
+def test_initializer_data_that_does_not_fit_its_dims_is_refused(tensor):
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", tensor.data_type, [3])],
+                              [helper.make_tensor_value_info("y", tensor.data_type, [3])], [tensor])
+    with pytest.raises(InvalidModelError, match=r"'w'|name: w\)"):
+        onnx2torch_rnn.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
