@@ -22,6 +22,7 @@ from .errors import (
     UnsupportedAttributeError,
     UnsupportedOperatorError,
     UnsupportedOpsetError,
+    UnsupportedTypeError,
 )
 from .loading import ModelSource, load_model
 from .node import Converted, OnnxNode
@@ -40,6 +41,7 @@ __all__ = [
     "UnsupportedAttributeError",
     "UnsupportedOperatorError",
     "UnsupportedOpsetError",
+    "UnsupportedTypeError",
     "compare",
     "convert",
     "onnx_translation_table",

@@ -40,6 +40,10 @@ class UnsupportedOpsetError(Onnx2TorchError, NotImplementedError):
                          f"is {newest}")
 
 
+class UnsupportedTypeError(Onnx2TorchError, NotImplementedError):
+    """An ONNX element type torch has no dtype for (string, float8, int4, ...), or a number that is no ONNX type."""
+
+
 class UnsupportedAttributeError(Onnx2TorchError, NotImplementedError):
     """A node uses an attribute (or an attribute value, or an input form) that its converter cannot honour."""
 

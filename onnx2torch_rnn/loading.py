@@ -98,6 +98,7 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     else:
         raise TypeError(f"convert() takes a path, bytes or onnx.ModelProto, not {type(source).__name__}")
     base_dir = None if base_dir is None else str(base_dir)
+    _check_text(proto)
 
     for tensor in _tensors(proto.graph):
         if is_external(tensor):
@@ -124,6 +125,21 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     if opsets.get("", 0) > newest:
         raise UnsupportedOpsetError("", opsets[""], newest)
     return LoadedModel(proto, skeleton, base_dir, opsets, weights)
+
+
+def _check_text(message) -> None:
+    """Every string field of the model (names, op types, attributes' strings) as valid UTF-8: protobuf parses ONNX's
+    proto2 strings unchecked and fails only where a field is read, deep inside the checker or a converter."""
+    for descriptor, value in message.ListFields():
+        repeated = descriptor.is_repeated if hasattr(descriptor, "is_repeated") else descriptor.label == 3  # older
+        if descriptor.type == descriptor.TYPE_MESSAGE:
+            for item in value if repeated else (value,):
+                _check_text(item)
+        elif descriptor.type == descriptor.TYPE_STRING:
+            for item in value if repeated else (value,):
+                if not isinstance(item, str):
+                    raise InvalidModelError(f"invalid ONNX model: a {descriptor.full_name} is not valid UTF-8 "
+                                            f"text: {item!r}")
 
 
 def _large(tensor: onnx.TensorProto) -> bool:

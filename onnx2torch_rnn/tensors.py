@@ -9,7 +9,7 @@ import onnx
 import torch
 from onnx import TensorProto, numpy_helper
 
-from .errors import InvalidModelError
+from .errors import InvalidModelError, UnsupportedTypeError
 
 TORCH_DTYPES: dict[int, torch.dtype] = {
     TensorProto.FLOAT: torch.float32,
@@ -35,8 +35,10 @@ def torch_dtype(onnx_type: int) -> torch.dtype:
     try:
         return TORCH_DTYPES[onnx_type]
     except KeyError:
-        name = TensorProto.DataType.Name(onnx_type) if onnx_type in TensorProto.DataType.values() else onnx_type
-        raise NotImplementedError(f"ONNX element type {name} has no torch equivalent") from None
+        if onnx_type not in TensorProto.DataType.values():
+            raise UnsupportedTypeError(f"element type {onnx_type} is not an ONNX type") from None
+        name = TensorProto.DataType.Name(onnx_type)
+        raise UnsupportedTypeError(f"ONNX element type {name} has no torch equivalent") from None
 
 
 def onnx_dtype(dtype: torch.dtype) -> int:
