@@ -131,7 +131,9 @@ def _check_text(message) -> None:
     """Every string field of the model (names, op types, attributes' strings) as valid UTF-8: protobuf parses ONNX's
     proto2 strings unchecked and fails only where a field is read, deep inside the checker or a converter."""
     for descriptor, value in message.ListFields():
-        repeated = descriptor.is_repeated if hasattr(descriptor, "is_repeated") else descriptor.label == 3  # older
+        # `is_repeated` in newer protobuf, where `label` is deprecated
+        repeated = (descriptor.is_repeated if hasattr(descriptor, "is_repeated")
+                    else descriptor.label == descriptor.LABEL_REPEATED)
         if descriptor.type == descriptor.TYPE_MESSAGE:
             for item in value if repeated else (value,):
                 _check_text(item)
