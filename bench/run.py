@@ -62,6 +62,7 @@ ROOT = HERE.parent
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 RECURRENT = tuple(GATES)
 TARGET_EAGER, TARGET_MEDIAN, TARGET_COMPILED_OVER_EAGER, TARGET_TRAIN = 1.0, 0.8, 1.05, 1.1
+TARGET_REEXPORT = 1.05  # the same nodes as the original: equal within the timing noise
 SETTLE = 0.08  # seconds each turn runs untimed with several threads (see interleaved_medians)
 
 
@@ -461,7 +462,7 @@ def reexport_rows(cases: list[Case], threads: list[int], budget: float) -> list[
 def reexport_markdown(rows: list[dict]) -> str:
     lines = ["| model (onnxruntime) | thr | original ms | to_onnx's ms | to_onnx's/original |", "|---|---|---|---|---|"]
     lines += [f"| {r['config']} | {r['threads']} | {r['original'] * 1e3:.3f} | {r['reexported'] * 1e3:.3f} | "
-              f"{_ratio(r['reexported'] / r['original'], 1.0)} |" for r in rows]
+              f"{_ratio(r['reexported'] / r['original'], TARGET_REEXPORT)} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -568,9 +569,10 @@ def main(argv=None) -> int:
             f"{load_before:.1f} before and {os.getloadavg()[0]:.1f} after (more than 0 means other processes shared "
             "the cores: with 2 threads torch's OpenMP regions then stall while onnxruntime's pool does not).",
             "Times are medians per call; ratios past their target in bold (eager/ort: 1.0, and a median of 0.8 over "
-            "the single nodes; compiled/eager: 1.05; training step: 1.1). path: the module's training path (fast: "
-            "nn.LSTM/GRU/RNN weights); inference runs the native kernel either way. floor = the same matmuls alone "
-            "in torch.", "", summary(rows, args.compile), "", markdown(rows, args.compile)]
+            "the single nodes; compiled/eager: 1.05; training step: 1.1; to_onnx's model: 1.05, noise). path: the "
+            "module's training path (fast: nn.LSTM/GRU/RNN weights); inference runs the native kernel either way. "
+            "floor = the same matmuls alone in torch.", "", summary(rows, args.compile), "",
+            markdown(rows, args.compile)]
     if train:
         text += ["", train_markdown(train)]
     if reexport:
