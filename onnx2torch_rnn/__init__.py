@@ -52,7 +52,7 @@ __version__ = "0.1.0"
 
 
 def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
-            dequantize: bool = False) -> fx.GraphModule:
+            dequantize: bool = False, fuse: bool = True) -> fx.GraphModule:
     """Convert an ONNX model (path, serialized bytes or ``onnx.ModelProto``) to a ``torch.fx.GraphModule``.
 
     The module's forward takes the graph inputs in ONNX order (or by their sanitised names) and returns one tensor,
@@ -62,6 +62,10 @@ def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
     A quantized model converts exactly (onnxruntime's integer arithmetic) by default; ``dequantize=True`` converts
     the float model it approximates instead, for fine-tuning: quantized weights become float parameters, activations
     are no longer quantized, quantized ops become float ops (DynamicQuantizeLSTM an ordinary LSTM).
+
+    ``fuse`` (default) recognises recurrences that the exporter spelled out (e.g. torch.onnx's per-layer nodes with
+    glue and zero initial states) and converts each as one recurrent module, exactly; ``fuse=False`` converts every
+    node as written.
     """
-    return build(load_model(model, base_dir, dequantize=dequantize))
+    return build(load_model(model, base_dir, dequantize=dequantize), fuse=fuse)
 

@@ -26,7 +26,8 @@ from torch import fx, nn
 from .errors import ConversionError, Onnx2TorchError, UnsupportedOperatorError
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
-from .node import OnnxNode, attribute_value
+from .node import Converted, OnnxNode, attribute_value
+from .passes import FUSION_DOMAIN, Fusion, recognise
 from .registry import normalize_domain, resolve, schema_for
 from .signature import META_KEY, record
 from .tensors import to_torch, torch_dtype
@@ -82,6 +83,7 @@ class ConversionContext:
         self._constants: dict[str, torch.Tensor] = {}
         self._underivable: set[str] = set()
         self.assumed_inputs: dict[str, None] = {}  # graph inputs whose declared static dims a derived value uses
+        self.fusions: dict[str, Fusion] = {}  # fused node name -> what recognition proved it computes
 
     def assume_declared_dims(self, name: str) -> None:
         """A derived constant relies on the static dims graph input ``name`` declares: the module checks them."""
@@ -180,6 +182,8 @@ def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
     for g in subgraphs(graph):
         for index, node in enumerate(g.node):
             domain = normalize_domain(node.domain)
+            if domain == FUSION_DOMAIN:
+                continue
             opset = opsets.get(domain)
             if opset is None or resolve(domain, node.op_type, opset) is None:
                 missing[(domain, node.op_type, opset or 0)].append(node.name or f"#{index}")
@@ -207,10 +211,16 @@ def _free_names(graph: onnx.GraphProto) -> list[str]:
     return list(free)
 
 
-def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = None) -> fx.GraphModule:
-    """``progress(done, total)`` is called after each node of the main graph."""
+def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = None, *,
+          fuse: bool = True) -> fx.GraphModule:
+    """``progress(done, total)`` is called after each node of the main graph. ``fuse``: apply the recognition
+    patterns (passes/) first, so that recurrences an exporter spelled out convert as one recurrent module."""
     check_supported(loaded.proto.graph, loaded.opsets)
-    module = _build_graph(ConversionContext(loaded, loaded.proto.graph), loaded.proto.graph, progress).module
+    ctx = ConversionContext(loaded, loaded.proto.graph)
+    recognised = recognise(loaded) if fuse else None
+    if recognised is not None:
+        ctx.fusions = recognised.fusions
+    module = _build_graph(ctx, loaded.proto.graph, progress, None if recognised is None else recognised.nodes).module
     module.meta[META_KEY] = record(loaded.proto, loaded.types)  # names, dtypes and dims, for to_onnx
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
 
@@ -221,17 +231,32 @@ def _describe(module: nn.Module) -> str:
     return f"{type(module).__name__}({module.extra_repr()}{' [' + ', '.join(children) + ']' if children else ''})"
 
 
-def _log(ctx: ConversionContext, node: OnnxNode, converter: Callable, module: nn.Module | None) -> None:
+def _log(ctx: ConversionContext, node: OnnxNode, version: int, where: str, module: nn.Module | None) -> None:
     depth = 0
     while ctx.parent is not None:
         ctx, depth = ctx.parent, depth + 1
-    where = f"{converter.__module__.removeprefix('onnx2torch_rnn.')}.{converter.__qualname__}"
-    logger.debug("%s%s-%d node %r -> %s: %s", "  " * depth, node.op_type, node.version, node.name, where,
+    logger.debug("%s%s-%d node %r -> %s: %s", "  " * depth, node.op_type, version, node.name, where,
                  "folded (constant at conversion)" if module is None else _describe(module))
 
 
+def convert_node(ctx: ConversionContext, proto: onnx.NodeProto, name: str | None = None) -> Converted:
+    """Run a node's converter (``resolve``d for the context's opset), refusing attributes it did not read."""
+    domain = normalize_domain(proto.domain)
+    converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
+    node = OnnxNode(proto, name or proto.name, version, schema_for(domain, proto.op_type, ctx.opsets[domain]))
+    result = converter(node, ctx)
+    unread = node.unread_attributes()
+    if unread:
+        attribute = next(a for a in proto.attribute if a.name == unread[0])
+        raise node.unsupported(attribute.name, attribute_value(attribute), "the converter does not read it")
+    return result
+
+
 def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
-                 progress: Callable[[int, int], None] | None = None) -> Subgraph:
+                 progress: Callable[[int, int], None] | None = None,
+                 nodes: list[onnx.NodeProto] | None = None) -> Subgraph:
+    """``nodes``: the graph's nodes after recognition (default: as written)."""
+    nodes = list(graph_proto.node) if nodes is None else nodes
     is_subgraph = ctx.parent is not None
     root, graph = nn.Module(), fx.Graph()
     attribute_names = _Names(dir(root))
@@ -265,20 +290,21 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
     capture_nodes = {name: graph.placeholder(placeholder_names(name)) for name in captured}
     env.update(capture_nodes)
 
-    remaining = Counter(name for proto in graph_proto.node for name in _reads(proto))
+    remaining = Counter(name for proto in nodes for name in _reads(proto))
     remaining.update(info.name for info in graph_proto.output)  # graph outputs are read at the end
-    for index, proto in enumerate(graph_proto.node):
+    for index, proto in enumerate(nodes):
         domain = normalize_domain(proto.domain)
-        converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
-        node = OnnxNode(proto, proto.name or f"{proto.op_type}_{index}", version,
-                        schema_for(domain, proto.op_type, ctx.opsets[domain]))
+        fusion = ctx.fusions.get(proto.name) if domain == FUSION_DOMAIN else None
+        node = OnnxNode(proto, proto.name or f"{proto.op_type}_{index}", 1, None)
         try:
-            result = converter(node, ctx)
-            unread = node.unread_attributes()
-            if unread:
-                attribute = next(a for a in proto.attribute if a.name == unread[0])
-                raise node.unsupported(attribute.name, attribute_value(attribute), "the converter does not read it")
-            foldable = proto.op_type not in NOT_FOLDABLE and all(
+            if fusion is not None:
+                node.op_type = fusion.op_type
+                result, version, where = fusion.convert(ctx), 1, f"pattern {fusion.pattern}"
+            else:
+                converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
+                where = f"{converter.__module__.removeprefix('onnx2torch_rnn.')}.{converter.__qualname__}"
+                result = convert_node(ctx, proto, node.name)
+            foldable = fusion is None and proto.op_type not in NOT_FOLDABLE and all(
                 name is None or ctx.is_constant(name) for name in result.inputs
             )
             if foldable:
@@ -290,9 +316,9 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
             raise ConversionError(node.name, node.op_type, f"{type(error).__name__}: {error}") from error
 
         if logger.isEnabledFor(logging.DEBUG):
-            _log(ctx, node, converter, None if foldable else result.module)
+            _log(ctx, node, version, where, None if foldable else result.module)
         if progress is not None:
-            progress(index + 1, len(graph_proto.node))
+            progress(index + 1, len(nodes))
         if foldable:
             for name, tensor in _per_output(node, outputs):
                 ctx.set_constant(name, tensor)
@@ -301,7 +327,10 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
             root.add_module(target, result.module)
             fx_node = graph.call_module(target, tuple(value(name) for name in result.inputs))
             fx_node.meta["onnx"] = {"name": proto.name, "op_type": proto.op_type, "domain": node.domain,
-                                    "version": version, "opset": ctx.opsets[domain]}
+                                    "version": version, "opset": ctx.opsets.get(domain, 1)}
+            if fusion is not None:  # the ONNX nodes it stands for, in graph order
+                fx_node.meta["onnx"].update(op_type=fusion.op_type, pattern=fusion.pattern,
+                                            replaces=[n.name for n in fusion.nodes])
             # the ONNX value of each call argument and of each output slot (None where absent), for debugging tools
             fx_node.meta["onnx_values"] = {"inputs": tuple(result.inputs), "outputs": node.outputs}
             if len(node.outputs) == 1:

@@ -239,11 +239,14 @@ class Divergence:
     inputs: list[ValueSummary]
     outputs: list[OutputComparison]  # the compared outputs of the node (at least one fails)
     folded: bool  # evaluated at conversion: the module reads its value as a constant
+    fused_into: str | None = None  # the recognised recurrence that computes the node's outputs, if any
 
     def __str__(self) -> str:
         op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
         lines = [f"first divergence: {op} node {self.node!r} (#{self.index} in graph order)"
                  + (", folded to a constant at conversion" if self.folded else "")]
+        if self.fused_into:
+            lines.append(f"  computed by {self.fused_into} (fuse=False / --no-fuse compares the nodes inside it)")
         lines.append("  attributes: " + (", ".join(f"{k}={v}" for k, v in self.attributes.items()) or "none"))
         for value in self.inputs:
             state = {True: "matches", False: "DIFFERS", None: "not compared"}[value.matches]
@@ -348,24 +351,29 @@ def _onnxruntime_values(model: ModelSource, feeds: Mapping[str, np.ndarray]) -> 
 
 
 def _torch_values(module: fx.GraphModule, model: ModelSource, feeds: Mapping[str, np.ndarray]):
-    """(value name -> tensor, names of values the module reads as constants) from one node-by-node run."""
+    """(value name -> tensor, names of values the module reads as constants, value name -> the fused recurrence
+    that computes it) from one node-by-node run."""
     interpreter = fx.Interpreter(module, garbage_collect_values=False)
     with torch.no_grad():
         interpreter.run(*_torch_args(model, feeds))
-    values, constants = {}, set()
+    values, constants, fused = {}, set(), {}
     for node in module.graph.nodes:
         names = node.meta.get("onnx_values")
         if names is None:
             continue
         result = interpreter.env[node]
         outputs = names["outputs"]
+        onnx_node = node.meta.get("onnx", {})
+        if "replaces" in onnx_node:
+            fused.update((name, f"the fused {onnx_node['op_type']} {onnx_node['name']!r} ({len(onnx_node['replaces'])}"
+                                f" nodes, pattern {onnx_node['pattern']})") for name in outputs if name)
         pairs = [(outputs[0], result)] if len(outputs) == 1 else zip(outputs, result, strict=False)
         values.update((name, value) for name, value in pairs if name is not None)
         for name, arg in zip(names["inputs"], node.args, strict=True):
             if name is not None and isinstance(arg, fx.Node) and arg.op == "get_attr":
                 values[name] = interpreter.env[arg]
                 constants.add(name)
-    return {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}, constants
+    return {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}, constants, fused
 
 
 def _bisect(model: ModelSource, module: torch.nn.Module, feeds: Mapping[str, np.ndarray], rtol: float,
@@ -374,7 +382,7 @@ def _bisect(model: ModelSource, module: torch.nn.Module, feeds: Mapping[str, np.
         raise TypeError("the bisect needs the torch.fx.GraphModule that convert() returns")
     proto = _as_proto(model)
     expected = _onnxruntime_values(model, feeds)
-    actual, constants = _torch_values(module, model, feeds)
+    actual, constants, fused = _torch_values(module, model, feeds)
     initializers = {t.name: t for t in proto.graph.initializer}
     verdicts: dict[str, bool] = {}
     compared = 0
@@ -398,7 +406,8 @@ def _bisect(model: ModelSource, module: torch.nn.Module, feeds: Mapping[str, np.
             inputs.append(ValueSummary(name, shape, dtype, verdicts.get(name)))
         folded = all(o.name in constants for o in outputs)
         divergence = Divergence(node.name or f"{node.op_type}_{index}", node.op_type, normalize_domain(node.domain),
-                                index, {a.name: _show_attribute(a) for a in node.attribute}, inputs, outputs, folded)
+                                index, {a.name: _show_attribute(a) for a in node.attribute}, inputs, outputs, folded,
+                                next((fused[o.name] for o in outputs if o.name in fused), None))
         return compared, divergence
     return compared, None
 

@@ -146,7 +146,7 @@ def check(args: argparse.Namespace) -> int:
 
     try:
         with _progress(args) as bar:
-            module = build(load_model(args.model, dequantize=args.dequantize), bar)
+            module = build(load_model(args.model, dequantize=args.dequantize), bar, fuse=args.fuse)
     except (Onnx2TorchError, FileNotFoundError) as error:
         print(f"cannot convert {args.model}: {error}", file=sys.stderr)
         return 2
@@ -158,6 +158,11 @@ def check(args: argparse.Namespace) -> int:
     for name, value in inputs.items():
         span = f" in [{value.min()}, {value.max()}]" if value.size and np.issubdtype(value.dtype, np.integer) else ""
         print(f"input {name}: {value.dtype} {list(value.shape)}{span}")
+    for node in module.graph.nodes:  # what recognition fused (--no-fuse converts every node as written)
+        fused = node.meta.get("onnx", {})
+        if "replaces" in fused:
+            print(f"recognised: {fused['op_type']} from {len(fused['replaces'])} nodes, {fused['name']!r} on "
+                  f"(pattern {fused['pattern']})")
     try:
         report = compare(args.model, inputs, rtol=args.rtol, atol=args.atol, module=module,
                          bisect=False if args.dequantize else True if args.bisect else None)
@@ -208,7 +213,8 @@ def convert(args: argparse.Namespace) -> int:
     outdir = Path(args.output)
     try:
         with _progress(args) as bar:
-            module = codegen.write(args.model, outdir, force=args.force, progress=bar, dequantize=args.dequantize)
+            module = codegen.write(args.model, outdir, force=args.force, progress=bar, dequantize=args.dequantize,
+                                   fuse=args.fuse)
     except FileExistsError as error:
         print(f"{error.args[0].replace('force=True (--force)', '--force')}", file=sys.stderr)
         return 2
@@ -262,7 +268,7 @@ def to_onnx(args: argparse.Namespace) -> int:
 
     try:
         with _progress(args) as bar:
-            module = build(load_model(args.model, dequantize=args.dequantize), bar)
+            module = build(load_model(args.model, dequantize=args.dequantize), bar, fuse=args.fuse)
         if args.weights:
             module.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
     except (Onnx2TorchError, FileNotFoundError, RuntimeError) as error:
@@ -309,10 +315,18 @@ def _input_options(p: argparse.ArgumentParser) -> None:
                         "below the table size, else [0, 4))")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", "-v", action="store_true",
-                   help="log each node: converter, module, fast/exact path of recurrent nodes")
+                   help="log each node (converter, module, fast/exact path of recurrent nodes) and each recognised "
+                        "recurrence (the nodes it replaces)")
+    _fuse_option(p)
     p.add_argument("--dequantize", action="store_true",
                    help="convert a quantized model to the float model it approximates (float weights, no quantized "
                         "activations), for fine-tuning; check reports its distance to onnxruntime's quantized outputs")
+
+
+def _fuse_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-fuse", dest="fuse", action="store_false",
+                   help="convert every node as written: do not recognise recurrences that the exporter spelled out "
+                        "(e.g. per-layer nodes with glue) as one recurrent module")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-check", action="store_true", help="skip the check against onnxruntime")
     p.add_argument("--verbose", "-v", action="store_true", help="log each node's converter")
     p.add_argument("--dequantize", action="store_true", help="write the float model of a quantized one")
+    _fuse_option(p)
     p.set_defaults(run=to_onnx)
 
     args = parser.parse_args(argv)

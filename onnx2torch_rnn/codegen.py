@@ -255,8 +255,13 @@ class _Writer:
         body = []
         for child_name, child in gm.named_children():
             meta = origin.get(child_name)
-            comment = "" if meta is None else \
-                f"  # {meta['op_type']}-{meta['version']}" + (f" node {meta['name']!r}" if meta["name"] else "")
+            if meta is None:
+                comment = ""
+            elif "replaces" in meta:  # a recognised recurrence
+                comment = f"  # {meta['op_type']}: {len(meta['replaces'])} nodes from {meta['name']!r} on"
+            else:
+                comment = f"  # {meta['op_type']}-{meta['version']}" + (f" node {meta['name']!r}" if meta["name"]
+                                                                         else "")
             body.append(_wrap(f"self.{child_name} = ", self.module(child, f"{where}.{child_name}"), comment))
         self._namespace("torch")
         for tensor_name, tensor in [*gm._parameters.items(), *gm._buffers.items()]:
@@ -386,16 +391,17 @@ Submodules come from onnx2torch_rnn.modules (constructor arguments are the ONNX 
 # ----------------------------------------------------------------------------------------------- files
 
 def convert_recording(model: ModelSource, progress: Callable[[int, int], None] | None = None,
-                      dequantize: bool = False):
+                      dequantize: bool = False, fuse: bool = True):
     """Convert ``model``, recording module constructor arguments: (GraphModule, records) for ``generate``."""
     loaded = load_model(model, dequantize=dequantize)
     with _recording() as records:
-        module = build(loaded, progress)
+        module = build(loaded, progress, fuse=fuse)
     return module, records
 
 
 def write(model: ModelSource, outdir: str | os.PathLike, *, force: bool = False,
-          progress: Callable[[int, int], None] | None = None, dequantize: bool = False) -> fx.GraphModule:
+          progress: Callable[[int, int], None] | None = None, dequantize: bool = False,
+          fuse: bool = True) -> fx.GraphModule:
     """Convert ``model`` and write OUTDIR/model.py and OUTDIR/weights.pt; returns the converted module.
 
     An existing non-empty OUTDIR needs ``force`` (then only the files written here are replaced). The written code
@@ -404,7 +410,7 @@ def write(model: ModelSource, outdir: str | os.PathLike, *, force: bool = False,
     outdir = Path(outdir)
     if outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())) and not force:
         raise FileExistsError(f"{outdir} exists; pass force=True (--force) to overwrite it")
-    module, records = convert_recording(model, progress, dequantize)
+    module, records = convert_recording(model, progress, dequantize, fuse)
     source = generate(module, records, Path(model).name if isinstance(model, str | os.PathLike) else "")
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / PROGRAM_FILE).unlink(missing_ok=True)  # a program from an earlier run would not match

@@ -24,8 +24,8 @@ class Then(torch.nn.Module):
         super().__init__()
         self.module, self.fn = module, fn
 
-    def forward(self, *inputs):
-        return self.fn(self.module(*inputs))
+    def forward(self, *inputs, **named):
+        return self.fn(self.module(*inputs, **named))
 
 
 @contextlib.contextmanager

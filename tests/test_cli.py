@@ -76,12 +76,12 @@ def test_console_script_is_installed():
 def test_check_bisect_on_request(capsys):
     assert main(["check", str(EXAMPLE), "--bisect", "--dim", "time=4"]) == 0
     out = capsys.readouterr().out
-    assert "all outputs match" in out and "bisect: the outputs of all 16 compared nodes match onnxruntime" in out
+    assert "all outputs match" in out and "bisect: the outputs of all 4 compared nodes match onnxruntime" in out
 
 
 def test_check_mismatch_names_the_diverging_node(capsys):
     with perturbed("Transpose", "/lstm/Transpose_1"):
-        assert main(["check", str(EXAMPLE), "--dim", "batch=2", "--dim", "time=5"]) == 1
+        assert main(["check", str(EXAMPLE), "--dim", "batch=2", "--dim", "time=5", "--no-fuse"]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH" in out and "bisect: the outputs of 6 nodes match onnxruntime, then\n" in out
     assert "first divergence: Transpose node '/lstm/Transpose_1'" in out
@@ -127,8 +127,26 @@ def test_int_ranges_inputs_file_and_seed(tmp_path, capsys):
         main(["check", str(EXAMPLE), "--int-range", "tokens=3"])
 
 
-def test_verbose_shows_converters_and_recurrent_paths_without_a_bar_off_a_terminal(capsys):
+def test_check_mismatch_inside_a_fused_recurrence_names_the_fused_node(capsys):
+    with perturbed("LSTM", "/lstm/LSTM_1"):  # the second layer, converted inside the 2-layer fusion
+        assert main(["check", str(EXAMPLE), "--dim", "batch=2", "--dim", "time=5"]) == 1
+    out = capsys.readouterr().out
+    assert "recognised: 2-layer LSTM from 35 nodes, '/lstm/LSTM' on (pattern stacked_layers)" in out
+    assert "bisect: the outputs of 1 nodes match onnxruntime, then\n" in out
+    assert "first divergence: Transpose node '/lstm/Transpose_3' (#35 in graph order)\n" in out
+    assert "computed by the fused 2-layer LSTM '/lstm/LSTM' (35 nodes, pattern stacked_layers) (fuse=False" in out
+
+
+def test_verbose_names_the_fusions_and_no_fuse_converts_as_written(capsys):
     assert main(["check", str(EXAMPLE), "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "fused 35 nodes into 2-layer LSTM '/lstm/LSTM' (pattern stacked_layers): '/lstm/Shape', " in err
+    assert "2-layer LSTM-1 node '/lstm/LSTM' -> pattern stacked_layers: StackedRecurrent(layers=2" in err
+    assert "LSTM-14" not in err
+
+
+def test_verbose_shows_converters_and_recurrent_paths_without_a_bar_off_a_terminal(capsys):
+    assert main(["check", str(EXAMPLE), "--verbose", "--no-fuse"]) == 0
     err = capsys.readouterr().err
     lstm_lines = [line for line in err.splitlines() if line.startswith("LSTM-14")]
     assert len(lstm_lines) == 2 and all("-> converters.recurrent.lstm: OnnxLSTM(" in line for line in lstm_lines)

@@ -64,8 +64,8 @@ def test_recurrent_example_roundtrip(tmp_path):
     tokens = torch.randint(0, 50, (3, 7))
     converted, rebuilt, source = roundtrip(EXAMPLE, tmp_path, tokens)
     assert "class Model(nn.Module):" in source and "def load(" in source
-    assert "from onnx2torch_rnn.recurrent.module import OnnxLSTM" in source
-    assert "self.lstm_LSTM = OnnxLSTM(  # LSTM-14 node '/lstm/LSTM'" in source
+    assert "from onnx2torch_rnn.recurrent.module import OnnxLSTM, StackedRecurrent" in source
+    assert "self.lstm_LSTM = StackedRecurrent(  # 2-layer LSTM: 35 nodes from '/lstm/LSTM' on" in source
     assert [m.fast for m in rebuilt.modules() if hasattr(m, "fast")] == [True, True]
     state = torch.load(tmp_path / "weights.pt", weights_only=True)
     assert state.keys() == converted.state_dict().keys()

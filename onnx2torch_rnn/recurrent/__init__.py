@@ -8,7 +8,8 @@
     kernel/     the native CPU kernel (C++, built on first use) and its loader
     op.py       the ``onnx2torch_rnn::recurrent`` torch op: kernel or Python implementation, fake (shape)
                 implementation, autograd for compiled training, the ONNX translation for export back
-    module.py   OnnxLSTM / OnnxGRU / OnnxRNN: parameters, configuration, which path each call takes
+    module.py   OnnxLSTM / OnnxGRU / OnnxRNN: parameters, configuration, which path each call takes;
+                StackedRecurrent: layers in turn (what recognition makes of per-layer nodes with glue)
 
 Why this split: what a cell *is* (cells) is used by every layer below it; the Python recurrence (runtime) must not
 know about torch.library or modules, so the op, the quantized LSTM (modules/quantized.py) and the tests can all call
@@ -17,7 +18,8 @@ chooses. The converters (converters/recurrent.py) build modules from ONNX nodes.
 """
 
 from .cells import InvalidAttribute
-from .module import OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent
+from .module import OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent, StackedRecurrent
 from .op import onnx_translation_table
 
-__all__ = ["InvalidAttribute", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent", "onnx_translation_table"]
+__all__ = ["InvalidAttribute", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent", "StackedRecurrent",
+           "onnx_translation_table"]

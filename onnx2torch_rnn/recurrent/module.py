@@ -171,3 +171,66 @@ class OnnxGRU(Recurrent):
 
 class OnnxRNN(Recurrent):
     cell = RNN_CELL
+
+
+class StackedRecurrent(nn.Module):
+    """Recurrent layers run in turn, each reading the previous layer's output with its directions side by side
+    (Y [T, D, N, H] -> [T, N, D*H]): the multi-layer network that exporters write as one node per layer with glue
+    between them (``passes/stacked.py`` recognises it). Each layer is a Recurrent module with its own path choice.
+
+    ``forward(x, *states)``: x is [T, N, I] ([N, T, I] with ``batch_first``). Layer l's initial state is
+    ``initial_h[l]`` / ``initial_c[l]``: None (zeros) or (k, start, end), rows start:end of ``states[k]`` (None, None:
+    all of it). Returns, as ``outputs`` asks: y, the last layer's output ([T, N, D*H]; [N, T, D*H] with
+    ``batch_first_output``; its Y as is, [T, D, N, H], without ``merge_output``), then h_n and c_n, the layers' Y_h and
+    Y_c concatenated.
+    """
+
+    def __init__(self, layers: Sequence[Recurrent], *, batch_first: bool = False, batch_first_output: bool = False,
+                 merge_output: bool = True, initial_h: Sequence[tuple[int, int | None, int | None] | None] = (),
+                 initial_c: Sequence[tuple[int, int | None, int | None] | None] = (),
+                 outputs: Sequence[bool] = (True,)):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.batch_first, self.batch_first_output, self.merge_output = batch_first, batch_first_output, merge_output
+        self.initial_h = tuple(initial_h) or (None,) * len(layers)
+        self.initial_c = tuple(initial_c) or (None,) * len(layers)
+        self.outputs = tuple(outputs)
+
+    def forward(self, x: Tensor, *states: Tensor):
+        if self.batch_first:
+            x = x.transpose(0, 1)
+        last = len(self.layers) - 1
+        h_n, c_n = [], []
+        for index, layer in enumerate(self.layers):
+            initial_h, initial_c = (None if where is None else states[where[0]][where[1]:where[2]]
+                                    for where in (self.initial_h[index], self.initial_c[index]))
+            result = layer(x, initial_h=initial_h, initial_c=initial_c)
+            y, y_h, y_c = (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
+            h_n.append(y_h)
+            c_n.append(y_c)
+            x = y.transpose(1, 2).flatten(2) if y is not None and (index < last or self.merge_output) else y
+        if x is not None and self.batch_first_output:
+            x = x.transpose(0, 1)
+        results = tuple(r if wanted else None for r, wanted in zip((x, _joined(h_n), _joined(c_n)), self.outputs,
+                                                                    strict=False))
+        return results[0] if len(results) == 1 else results
+
+    def extra_repr(self) -> str:
+        parts = [f"layers={len(self.layers)}"]
+        if self.batch_first:
+            parts.append("batch_first=True")
+        if self.batch_first_output:
+            parts.append("batch_first_output=True")
+        if not self.merge_output:
+            parts.append("merge_output=False")
+        for name in ("initial_h", "initial_c"):
+            if any(where is not None for where in getattr(self, name)):
+                parts.append(f"{name}={list(getattr(self, name))}")
+        return ", ".join(parts)
+
+
+def _joined(per_layer: list[Tensor | None]) -> Tensor | None:
+    """The layers' final states as one [L*D, N, H] tensor (None when the layers do not compute them)."""
+    if per_layer[0] is None:
+        return None
+    return torch.cat(per_layer) if len(per_layer) > 1 else per_layer[0]

@@ -1,0 +1,307 @@
+"""Stacked recurrent layers: per-layer LSTM / GRU / RNN nodes joined by an exporter's glue become one module.
+
+torch.onnx writes an L-layer nn.LSTM as L LSTM nodes and glue: a Transpose to time-major in front (batch_first),
+initial states that are zeros built from the input's shape (Shape -> Gather -> Unsqueeze -> Concat ->
+ConstantOfShape, then one Slice per layer) or slices of the given h0 / c0, between layers Y [T, D, N, H] ->
+Transpose(0, 2, 1, 3) -> Reshape(0, 0, -1) (two directions) or Squeeze(1) (one), after the last layer the same and a
+Transpose back, and Concat of the layers' Y_h / Y_c. All of it becomes one StackedRecurrent (or, for one layer
+without glue, the layer's own module without its zero states).
+
+What is proven before anything fires: every layer has constant weights, no sequence_lens and layout 0; each glue
+node has the attributes that make it exactly the merge of directions; a value the fusion drops is read only inside
+it; a dropped initial state is all zeros of exactly [D, N, H], N proven to be the batch dim of the first layer's input
+(the shape vector is traced to a Shape of that input or of what a batch/time Transpose made it from).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from ..node import Converted
+from . import Fusion, GraphView, attribute, register_pattern
+
+RECURRENT = ("LSTM", "GRU", "RNN")
+_NORMAL = ("", "ai.onnx")
+
+
+@dataclass
+class _Layer:
+    node: onnx.NodeProto
+    directions: int
+    hidden: int
+    # initial_h (5) / initial_c (6) -> None (absent or zeros) or (k, start, end): rows of the stack's k-th source
+    states: dict[int, tuple[int, int | None, int | None] | None] = field(default_factory=dict)
+
+
+@dataclass
+class _Stack:
+    op_type: str
+    layers: list[_Layer]
+    nodes: list[onnx.NodeProto]  # glue and state slices besides the layers
+    x: str
+    batch_first: bool = False
+    batch_first_output: bool = False
+    merge_output: bool = False
+    sources: list[str] = field(default_factory=list)  # run-time values that initial states are taken from
+    outputs: list[str | None] = field(default_factory=list)
+
+    def source(self, name: str) -> int:
+        if name not in self.sources:
+            self.sources.append(name)
+        return self.sources.index(name)
+
+
+def _op(node: onnx.NodeProto | None, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in _NORMAL
+
+
+def _input(node: onnx.NodeProto, index: int) -> str:
+    return node.input[index] if index < len(node.input) else ""
+
+
+def _layer(view: GraphView, node: onnx.NodeProto) -> _Layer | None:
+    """A recurrent node that can be a layer: constant weights, no lengths, layout 0, a known hidden size."""
+    if node.op_type not in RECURRENT or node.domain not in _NORMAL or not _input(node, 0):
+        return None
+    if not (view.is_weight(_input(node, 1)) and view.is_weight(_input(node, 2))):
+        return None
+    if any(_input(node, k) and not view.is_weight(_input(node, k)) for k in (3, 7)) or _input(node, 4):
+        return None
+    if attribute(node, "layout", 0) != 0:
+        return None
+    hidden = attribute(node, "hidden_size") or (view.shape(_input(node, 2)) or [None])[-1]
+    directions = 2 if attribute(node, "direction", "forward") == "bidirectional" else 1
+    return _Layer(node, directions, hidden) if isinstance(hidden, int) and hidden > 0 else None
+
+
+def _axes(view: GraphView, node: onnx.NodeProto, index: int) -> list[int] | None:
+    """Squeeze / Unsqueeze axes: an attribute before opset 13, an input since."""
+    if view.opset(node) < 13:
+        return attribute(node, "axes")
+    return view.ints(_input(node, index))
+
+
+def _merge(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] | None:
+    """The glue that turns a layer's Y [T, D, N, H] into [T, N, D*H]: its output value and its nodes."""
+    first = view.only_consumer(layer.node.output[0]) if layer.node.output else None
+    if layer.directions == 1 and _op(first, "Squeeze") and _axes(view, first, 1) in ([1], [-3]):
+        return first.output[0], [first]
+    if _op(first, "Transpose") and attribute(first, "perm") == [0, 2, 1, 3]:
+        second = view.only_consumer(first.output[0])
+        if (_op(second, "Reshape") and view.ints(_input(second, 1)) == [0, 0, -1]
+                and not attribute(second, "allowzero", 0)):
+            return second.output[0], [first, second]
+    return None
+
+
+def _slice(view: GraphView, node: onnx.NodeProto) -> tuple[int, int] | None:
+    """(start, end) of a Slice along axis 0 with step 1, else None."""
+    if view.opset(node) < 10:
+        starts, ends, axes, steps = (attribute(node, "starts"), attribute(node, "ends"), attribute(node, "axes"),
+                                     None)
+    else:
+        starts, ends = view.ints(_input(node, 1)), view.ints(_input(node, 2))
+        axes = view.ints(_input(node, 3)) if _input(node, 3) else None
+        steps = view.ints(_input(node, 4)) if _input(node, 4) else None
+        if (_input(node, 3) and axes is None) or (_input(node, 4) and steps is None):
+            return None
+    if starts is None or ends is None or len(starts) != 1 or len(ends) != 1:
+        return None
+    if (axes or [0]) != [0] or (steps or [1]) != [1]:
+        return None
+    return starts[0], ends[0]
+
+
+def _same_shape_source(view: GraphView, name: str) -> str:
+    """The value that ``name`` has the shape of, through Casts and Identities (which keep shapes)."""
+    node = view.producer.get(name)
+    while _op(node, "Cast") or _op(node, "Identity"):
+        name = node.input[0]
+        node = view.producer.get(name)
+    return name
+
+
+def _dim(view: GraphView, name: str) -> tuple[str, int] | None:
+    """(value, axis) when ``name`` is one dim of a value's shape: Gather(Shape(value), k), as a scalar or [k]."""
+    gather = view.producer.get(name)
+    if not _op(gather, "Gather") or attribute(gather, "axis", 0) != 0:
+        return None
+    index = view.ints(_input(gather, 1))
+    shape = view.producer.get(_input(gather, 0))
+    if index is None or len(index) != 1 or index[0] < 0 or not _op(shape, "Shape"):
+        return None
+    start, end = attribute(shape, "start", 0), attribute(shape, "end")
+    if start < 0 or (end is not None and (end < 0 or start + index[0] >= end)):
+        return None
+    return _same_shape_source(view, shape.input[0]), start + index[0]
+
+
+def _shape_vector(view: GraphView, name: str) -> list | None:
+    """A 1-D shape value as a list of ints and (value, axis) dims, when it is built from constants and dims."""
+    constant = view.ints(name)
+    if constant is not None:
+        return constant
+    node = view.producer.get(name)
+    if _op(node, "Concat") and attribute(node, "axis") == 0:
+        parts = [_shape_vector(view, part) for part in node.input]
+        return None if any(p is None for p in parts) else [d for p in parts for d in p]
+    unsqueeze = _op(node, "Unsqueeze") and _axes(view, node, 1) == [0]
+    gathered = node.input[0] if unsqueeze else name  # a dim as a scalar made 1-D, or gathered as [k]
+    dim = _dim(view, gathered)
+    if dim is None:
+        return None
+    index = view.constant(_input(view.producer[gathered], 1))
+    return [dim] if index.ndim == (0 if unsqueeze else 1) else None
+
+
+def _zeros(view: GraphView, name: str, layer: _Layer, batch: set[tuple[str, int]]) -> bool:
+    """Whether ``name`` is all zeros of shape [D, N, H], N one of the ``batch`` dims, in the weights' type."""
+    node, rows = view.producer.get(name), None
+    if _op(node, "Slice"):
+        rows = _slice(view, node)
+        node = view.producer.get(node.input[0]) if rows is not None else None
+    if not _op(node, "ConstantOfShape"):
+        return False
+    value = attribute(node, "value")
+    dtype = value.data_type if value is not None else onnx.TensorProto.FLOAT
+    if value is not None and (onnx.numpy_helper.to_array(value).any() or list(value.dims) not in ([], [1])):
+        return False
+    if dtype != view.elem_type(layer.node.input[1]):
+        return False
+    shape = _shape_vector(view, node.input[0])
+    if shape is None or len(shape) != 3 or not isinstance(shape[0], int) or shape[2] != layer.hidden:
+        return False
+    count = shape[0] if rows is None else len(range(shape[0])[rows[0]:rows[1]])
+    return count == layer.directions and shape[1] in batch
+
+
+def _states(view: GraphView, stack: _Stack, layer: _Layer, batch: set[tuple[str, int]]) -> None:
+    """Where each initial state of ``layer`` comes from: None for absent or proven zeros, else rows of a source."""
+    for index in (5, 6) if layer.node.op_type == "LSTM" else (5,):
+        name = _input(layer.node, index)
+        if not name or _zeros(view, name, layer, batch):
+            layer.states[index] = None
+            continue
+        node = view.producer.get(name)
+        rows = _slice(view, node) if _op(node, "Slice") and view.only_consumer(name) is layer.node else None
+        if rows is not None:
+            layer.states[index] = (stack.source(node.input[0]), *rows)
+            stack.nodes.append(node)
+        else:
+            layer.states[index] = (stack.source(name), None, None)
+
+
+def _final_states(view: GraphView, stack: _Stack, index: int) -> str | bool | None:
+    """The fused node's h_n (index 1) or c_n (2): a layer's own output for one layer, else the Concat of all
+    layers' in order; None when nothing reads them; False when they are read some other way."""
+    names = [_input_out(layer.node, index) for layer in stack.layers]
+    if not any(n and (view.consumers.get(n) or n in view.graph_outputs) for n in names):
+        return None
+    if len(names) == 1:
+        return names[0]
+    concat = view.only_consumer(names[0]) if all(names) else None
+    if not _op(concat, "Concat") or attribute(concat, "axis") not in (0, -3) or list(concat.input) != names:
+        return False
+    if any(view.only_consumer(n) is not concat for n in names):
+        return False
+    stack.nodes.append(concat)
+    return concat.output[0]
+
+
+def _input_out(node: onnx.NodeProto, index: int) -> str:
+    return node.output[index] if index < len(node.output) else ""
+
+
+def _find(view: GraphView, first: _Layer) -> _Stack | None:
+    stack = _Stack(first.node.op_type, [first], [], first.node.input[0])
+    while True:
+        merge = _merge(view, stack.layers[-1])
+        if merge is None:
+            break
+        value, glue = merge
+        stack.nodes += glue
+        following = view.only_consumer(value)
+        layer = _layer(view, following) if following is not None else None
+        if layer is None or following.op_type != stack.op_type or list(following.input).count(value) != 1 \
+                or following.input[0] != value:
+            stack.merge_output = True
+            break
+        stack.layers.append(layer)
+
+    y = stack.nodes[-1].output[0] if stack.merge_output else _input_out(stack.layers[-1].node, 0)
+    # time-major in front, and back after the last layer, when nothing else reads the transposed values
+    transpose = view.producer.get(stack.x)
+    batch = {(_same_shape_source(view, stack.x), 1)}
+    if _op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2]:
+        batch.add((_same_shape_source(view, transpose.input[0]), 0))
+        if view.only_consumer(stack.x) is first.node:
+            stack.x, stack.batch_first = transpose.input[0], True
+            stack.nodes.append(transpose)
+    after = view.only_consumer(y) if stack.merge_output and y else None
+    if _op(after, "Transpose") and attribute(after, "perm") == [1, 0, 2]:
+        y, stack.batch_first_output = after.output[0], True
+        stack.nodes.append(after)
+
+    for layer in stack.layers:
+        _states(view, stack, layer, batch)
+    finals = [_final_states(view, stack, index) for index in ((1, 2) if stack.op_type == "LSTM" else (1,))]
+    if any(f is False for f in finals):
+        return None
+    stack.outputs = [y if y and (view.consumers.get(y) or y in view.graph_outputs) else None, *finals]
+    while len(stack.outputs) > 1 and stack.outputs[-1] is None:
+        stack.outputs.pop()
+    dropped_states = any(_input(layer.node, k) and layer.states[k] is None
+                         for layer in stack.layers for k in layer.states)
+    if len(stack.layers) == 1 and not stack.nodes and not dropped_states:
+        return None  # nothing to gain: the node converts as it is
+    return stack
+
+
+@register_pattern("stacked_layers")
+def stacked_layers(view: GraphView):
+    """torch.onnx's multi-layer (and single-layer) LSTM / GRU / RNN with its glue and zero initial states."""
+    claimed: set[int] = set()
+    for node in view.nodes:
+        first = _layer(view, node) if id(node) not in claimed else None
+        stack = _find(view, first) if first is not None else None
+        if stack is None:
+            continue
+        claimed.update(id(layer.node) for layer in stack.layers)
+        yield Fusion("stacked_layers", f"{len(stack.layers)}-layer {stack.op_type}" if len(stack.layers) > 1
+                     else stack.op_type, [layer.node for layer in stack.layers] + stack.nodes,
+                     [stack.x, *stack.sources], stack.outputs, lambda ctx, stack=stack: _convert(ctx, stack))
+
+
+def _convert(ctx, stack: _Stack) -> Converted:
+    from ..builder import convert_node
+    from ..recurrent import StackedRecurrent
+
+    wanted = [o is not None for o in stack.outputs] + [False] * (3 - len(stack.outputs))
+    modules = []
+    for index, layer in enumerate(stack.layers):
+        last = index == len(stack.layers) - 1
+        proto = onnx.NodeProto()
+        proto.CopyFrom(layer.node)
+        inputs = [*layer.node.input, *[""] * (8 - len(layer.node.input))]
+        inputs[5] = inputs[6] = ""  # the stack passes the initial states
+        while not inputs[-1]:
+            inputs.pop()
+        proto.input[:] = inputs
+        flags = [not last or wanted[0], wanted[1], wanted[2] and stack.op_type == "LSTM"]
+        while len(flags) > 1 and not flags[-1]:
+            flags.pop()
+        proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
+        converted = convert_node(ctx, proto)
+        if any(name is not None for name in converted.inputs[1:]):
+            raise AssertionError("a recognised layer must take only X at run time")
+        modules.append(converted.module)
+    if len(modules) == 1 and not stack.batch_first and not stack.merge_output and not stack.sources:
+        return Converted(modules[0], [stack.x])  # one layer that only lost its zero states
+    module = StackedRecurrent(modules, batch_first=stack.batch_first, batch_first_output=stack.batch_first_output,
+                              merge_output=stack.merge_output,
+                              initial_h=[layer.states[5] for layer in stack.layers],
+                              initial_c=[layer.states.get(6) for layer in stack.layers],
+                              outputs=wanted[: len(stack.outputs)])
+    return Converted(module, [stack.x, *stack.sources])

@@ -1,0 +1,199 @@
+"""Recognition (onnx2torch_rnn/passes): stacked recurrent layers with torch.onnx's glue become one module.
+
+The exporter models' own tests (tests/exporters) compare every fused model with onnxruntime on three input sets and
+train it; here: that the patterns fire where they should (and only there), that a fused module computes and trains
+exactly like the literal conversion, and that changing any proven detail of a match makes it not fire.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+import onnx2torch_rnn
+from onnx2torch_rnn.checking import run_onnxruntime
+from onnx2torch_rnn.recurrent import Recurrent, StackedRecurrent
+from tests.exporters.common import FLOAT16_TOLERANCE, MODELS, has_float16, manifest_input_sets, read_manifest
+from tests.helpers import make_model
+
+TORCH = MODELS / "torch"
+MANIFEST = read_manifest(TORCH)
+EXAMPLE = MODELS.parent.parent / "examples" / "bilstm_tagger.onnx"
+# torch.onnx (TorchScript) models whose recurrent nodes all become one module: every stacked case but the packed
+# sequences (PackedSequence sorting is another pattern) and a float16 model whose Casts sit between the layers.
+STACKED = [m for m in MANIFEST["models"] if m["exporter"] == "torchscript" and not m["case"].startswith("packed_")
+           and m["case"] not in ("lstm_l2_fp16_blocked", "lstm_bi_fp16_weights", "seq2seq")]
+
+
+def fused(module: torch.fx.GraphModule) -> list[dict]:
+    return [n.meta["onnx"] for n in module.graph.nodes if "replaces" in n.meta.get("onnx", {})]
+
+
+def top_level_modules(module: torch.fx.GraphModule) -> list[type]:
+    return [type(module.get_submodule(n.target)) for n in module.graph.nodes if n.op == "call_module"]
+
+
+def outputs(module, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    with torch.no_grad():
+        result = module(*(torch.from_numpy(v) for v in feeds.values()))
+    return [t.numpy() for t in (result if isinstance(result, tuple) else (result,))]
+
+
+def assert_matches_onnxruntime(module, model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    tolerance = FLOAT16_TOLERANCE if has_float16(model) else {"rtol": 1e-4, "atol": 1e-5}
+    for got, want, info in zip(outputs(module, feeds), run_onnxruntime(model, feeds), model.graph.output,
+                               strict=True):
+        np.testing.assert_allclose(got, want, strict=True, err_msg=info.name, **tolerance)
+
+
+@pytest.mark.parametrize("entry", STACKED, ids=lambda m: m["file"].removesuffix(".onnx"))
+def test_torch_onnx_layers_and_glue_become_one_module(entry):
+    model = onnx.load(TORCH / entry["file"])
+    layers = [n.name for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")]
+    module = onnx2torch_rnn.convert(model)
+    (fusion,) = fused(module)
+    assert set(layers) <= set(fusion["replaces"]) and fusion["pattern"] == "stacked_layers"
+    scope = layers[0].rsplit("/", 1)[0] + "/"  # e.g. /lstm/: the nodes torch.onnx wrote for the nn.LSTM
+    remaining = [n.meta["onnx"] for n in module.graph.nodes if "onnx" in n.meta]
+    # the Casts of a float16 model's outputs stay: they are its computation, not glue
+    assert [m["name"] for m in remaining if m["name"].startswith(scope) and m["op_type"] != "Cast"] == [
+        fusion["name"]]
+    assert sum(isinstance(m, Recurrent) for m in module.modules()) == len(layers)
+    for feeds in manifest_input_sets(TORCH, entry, MANIFEST["sizes"]):
+        assert_matches_onnxruntime(module, model, feeds)
+
+
+def test_the_tagger_prints_as_embedding_lstm_linear():
+    module = onnx2torch_rnn.convert(EXAMPLE)
+    kinds = [t.__name__ for t in top_level_modules(module)]
+    assert kinds == ["Gather", "StackedRecurrent", "Linear", "Function"]
+    (stack,) = [m for m in module.modules() if isinstance(m, StackedRecurrent)]
+    assert stack.batch_first and stack.batch_first_output and len(stack.layers) == 2
+    literal = onnx2torch_rnn.convert(EXAMPLE, fuse=False)
+    assert not fused(literal) and StackedRecurrent not in top_level_modules(literal)
+    assert len(top_level_modules(literal)) > 15
+
+
+@pytest.mark.parametrize("case", ["lstm_l2_bi_h0c0", "gru_l3_h0_dropout", "rnn_relu_l2_bi_bf"])
+def test_fused_module_trains_exactly_like_the_literal_conversion(case):
+    entry = next(m for m in STACKED if m["case"] == case)
+    model = onnx.load(TORCH / entry["file"])
+    feeds = manifest_input_sets(TORCH, entry, MANIFEST["sizes"])[0]
+    gradients = []
+    for fuse in (True, False):
+        module = onnx2torch_rnn.convert(model, fuse=fuse).train()
+        inputs = [torch.from_numpy(v).requires_grad_() for v in feeds.values()]
+        result = module(*inputs)
+        loss = sum((t * torch.linspace(-1, 1, t.numel()).reshape(t.shape)).sum()
+                   for t in (result if isinstance(result, tuple) else (result,)))
+        loss.backward()
+        # per parameter, by value (names differ: the stack holds the layers), and per input
+        weights = sorted((tuple(p.shape), float(p.detach().sum()), p.grad.numpy()) for p in module.parameters())
+        gradients.append(([w[2] for w in weights], [t.grad.numpy() for t in inputs]))
+    for fused_grads, literal_grads in zip(*gradients, strict=True):
+        for a, b in zip(fused_grads, literal_grads, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_module_meta_codegen_and_bisect(tmp_path):
+    module = onnx2torch_rnn.convert(EXAMPLE)
+    (fusion,) = fused(module)
+    assert fusion["op_type"] == "2-layer LSTM" and fusion["name"] == "/lstm/LSTM"
+    assert fusion["replaces"][0] == "/lstm/Shape" and "/lstm/LSTM_1" in fusion["replaces"]
+    report = onnx2torch_rnn.compare(EXAMPLE, bisect=True)
+    assert report.ok and report.compared_nodes == 4 and report.divergence is None
+
+
+# ---- onnx.helper variants of torch.onnx's pattern: change one proven detail and the pattern must not fire
+
+
+def stacked_model(*, value: float = 0.0, shape_source: str = "x", hn_order=(0, 1), reshape=(0, 0, -1),
+                  extra_output: str | None = None, hidden: int = 4) -> onnx.ModelProto:
+    """A 2-layer bidirectional batch-first LSTM as torch.onnx writes it; each keyword breaks one proven detail."""
+    rng = np.random.default_rng(0)
+    inits = {}
+    nodes = [
+        helper.make_node("Shape", [shape_source], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["batch", "zero_1d"], ["batch_1d"]),
+        helper.make_node("Concat", ["rows", "batch_1d", "hidden"], ["state_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["state_shape"], ["zeros"],
+                         value=numpy_helper.from_array(np.array([value], np.float32))),
+        helper.make_node("Transpose", ["x"], ["x_t"], perm=[1, 0, 2]),
+    ]
+    inits.update(zero=np.array(0, np.int64), zero_1d=np.array([0], np.int64), rows=np.array([4], np.int64),
+                 hidden=np.array([hidden], np.int64), merge=np.array(reshape, np.int64))
+    x, features = "x_t", 3
+    for layer in range(2):
+        for k, state in enumerate(("h", "c")):
+            starts, ends = f"s{layer}{k}", f"e{layer}{k}"
+            inits[starts], inits[ends] = np.array([2 * layer], np.int64), np.array([2 * layer + 2], np.int64)
+            nodes.append(helper.make_node("Slice", ["zeros", starts, ends, "zero_1d"], [f"{state}0_{layer}"]))
+        inits[f"W{layer}"] = rng.standard_normal((2, 4 * hidden, features)).astype(np.float32)
+        inits[f"R{layer}"] = rng.standard_normal((2, 4 * hidden, hidden)).astype(np.float32)
+        inits[f"B{layer}"] = rng.standard_normal((2, 8 * hidden)).astype(np.float32)
+        nodes += [
+            helper.make_node("LSTM", [x, f"W{layer}", f"R{layer}", f"B{layer}", "", f"h0_{layer}", f"c0_{layer}"],
+                             [f"Y{layer}", f"Yh{layer}", f"Yc{layer}"], direction="bidirectional",
+                             hidden_size=hidden),
+            helper.make_node("Transpose", [f"Y{layer}"], [f"Yt{layer}"], perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [f"Yt{layer}", "merge"], [f"out{layer}"]),
+        ]
+        x, features = f"out{layer}", 2 * hidden
+    nodes += [helper.make_node("Transpose", ["out1"], ["y"], perm=[1, 0, 2]),
+              helper.make_node("Concat", [f"Yh{i}" for i in hn_order], ["h_n"], axis=0)]
+    inputs = [("x", np.float32, ["N", "T", 3])]
+    if shape_source != "x":
+        inputs.append((shape_source, np.float32, ["M", 2]))
+    return make_model(nodes, inputs, ["y", "h_n", *([extra_output] if extra_output else [])], inits)
+
+
+def feeds_for(model: onnx.ModelProto, batch: int = 3, time: int = 5) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((batch, time, 3)).astype(np.float32)}
+    if len(model.graph.input) > 1:  # a second input whose first dim happens to equal the batch
+        feeds[model.graph.input[1].name] = rng.standard_normal((batch, 2)).astype(np.float32)
+    return feeds
+
+
+def stacks(module) -> list[StackedRecurrent]:
+    return [m for m in module.modules() if isinstance(m, StackedRecurrent)]
+
+
+def test_the_helper_model_is_fused_whole():
+    model = stacked_model()
+    module = onnx2torch_rnn.convert(model)
+    (stack,) = stacks(module)
+    assert stack.initial_h == (None, None) and stack.outputs == (True, True)
+    assert top_level_modules(module) == [StackedRecurrent]
+    assert_matches_onnxruntime(module, model, feeds_for(model))
+    assert_matches_onnxruntime(module, model, feeds_for(model, batch=1, time=2))
+
+
+@pytest.mark.parametrize("change", [
+    {"value": 0.5},  # initial states that are not zeros
+    {"shape_source": "other"},  # zeros whose batch dim comes from another input: equal here, not provably
+])
+def test_initial_states_that_are_not_proven_zeros_stay(change):
+    model = stacked_model(**change)
+    module = onnx2torch_rnn.convert(model)
+    (stack,) = stacks(module)
+    assert all(where is not None for where in stack.initial_h + stack.initial_c)
+    assert_matches_onnxruntime(module, model, feeds_for(model))
+
+
+@pytest.mark.parametrize("change", [
+    {"hn_order": (1, 0)},  # h_n is not the layers' Y_h in order
+    {"extra_output": "Yh0"},  # a layer's Y_h is also read on its own
+    {"extra_output": "out0"},  # the first layer's output is read outside
+    {"reshape": (0, 0, 8)},  # another Reshape target: not the pattern's merge of directions
+])
+def test_layers_whose_values_are_read_otherwise_are_not_stacked(change):
+    model = stacked_model(**change)
+    module = onnx2torch_rnn.convert(model)
+    # the second layer may still be fused on its own (its zero states then unproven: built from the model's input)
+    assert all(len(stack.layers) == 1 for stack in stacks(module))
+    assert_matches_onnxruntime(module, model, feeds_for(model))
