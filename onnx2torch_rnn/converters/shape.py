@@ -530,11 +530,20 @@ def _check_float8_attributes(node: OnnxNode) -> None:
         raise node.unsupported("round_mode", round_mode, "must be up, down or nearest")
 
 
+def _check_source_type(node: OnnxNode, ctx) -> None:
+    """A cast from a type torch cannot hold is refused at conversion (no tensor of it could ever be fed)."""
+    try:
+        ctx.dtype(node.input(0))
+    except NotImplementedError as error:
+        raise node.unsupported("input 0", node.input(0), str(error)) from None
+
+
 @register_converter("Cast", (6, 9, 13, 19, 21, 23, 24, 25, 28))
 def cast(node: OnnxNode, ctx) -> Converted:
     """Tensor.to between all types torch holds (float -> int truncates toward zero); string, float8, float4, int4
-    and other narrow types are refused."""
+    and other narrow types are refused, as the target and as the input."""
     dtype = element_type(node, "to", node.attr("to"))
+    _check_source_type(node, ctx)
     _check_float8_attributes(node)
     return Converted(Function(torch.Tensor.to, dtype=dtype), [node.input(0)])
 
@@ -546,6 +555,7 @@ def cast_like(node: OnnxNode, ctx) -> Converted:
         dtype = ctx.dtype(node.input(1))
     except NotImplementedError as error:
         raise node.unsupported("target_type", node.input(1), str(error)) from None
+    _check_source_type(node, ctx)
     _check_float8_attributes(node)
     if dtype is None:
         return Converted(m.CastLike(), node.inputs)

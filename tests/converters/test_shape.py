@@ -545,6 +545,15 @@ def test_cast_refuses_types_torch_lacks(to):
     refuses([node("Cast", ["x"], to=to)], [("x", F32, [2])], ["y"], 21, "to")
 
 
+@pytest.mark.parametrize("op", ["Cast", "CastLike"])
+@pytest.mark.parametrize("source", [TensorProto.FLOAT8E4M3FN, TensorProto.INT4, TensorProto.FLOAT4E2M1,
+                                    TensorProto.STRING])
+def test_cast_refuses_sources_torch_lacks(op, source):
+    inputs = ["x"] if op == "Cast" else ["x", "t"]
+    refuses([node(op, inputs, to=TensorProto.FLOAT) if op == "Cast" else node(op, inputs)], [("x", source, [2])],
+            ["y"], 21, "input 0", {"t": np.zeros(1, F32)})
+
+
 def test_cast_saturate_is_validated():
     # onnxruntime refuses saturate on casts to non-float8 types, so only the refusal is compared here.
     refuses([node("Cast", ["x"], to=TensorProto.INT32, saturate=2)], [("x", F32, [2])], ["y"], 19, "saturate")
