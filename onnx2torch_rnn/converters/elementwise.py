@@ -72,6 +72,10 @@ _FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...], str]] = {
     "And": (torch.logical_and, (7,), ""),
     "Or": (torch.logical_or, (7,), ""),
     "Xor": (torch.logical_xor, (7,), ""),
+    "BitwiseAnd": (ew.bitwise_and, (18,), _ALL_INTS),
+    "BitwiseOr": (ew.bitwise_or, (18,), _ALL_INTS),
+    "BitwiseXor": (ew.bitwise_xor, (18,), _ALL_INTS),
+    "BitwiseNot": (ew.bitwise_not, (18,), _ALL_INTS),
     "IsNaN": (torch.isnan, (9, 13, 20), ""),
     "IsInf": (ew.isinf, (10, 20), "detect_positive and detect_negative honoured."),
     # activations

@@ -153,6 +153,27 @@ def isinf(x, detect_negative=1, detect_positive=1):
     return torch.zeros_like(x, dtype=torch.bool)
 
 
+# bitwise results do not depend on signedness: uint64 runs as int64 bits, uint16/uint32 in int64 cast back
+@unsigned_safe(uint64=True)
+def bitwise_and(a, b):
+    return torch.bitwise_and(a, b)
+
+
+@unsigned_safe(uint64=True)
+def bitwise_or(a, b):
+    return torch.bitwise_or(a, b)
+
+
+@unsigned_safe(uint64=True)
+def bitwise_xor(a, b):
+    return torch.bitwise_xor(a, b)
+
+
+@unsigned_safe(uint64=True)
+def bitwise_not(x):
+    return torch.bitwise_not(x)
+
+
 def bitshift(x, y, direction):
     """ONNX BitShift. Unsigned: logical shifts, a shift by the bit width or more gives 0. Signed (opset 28):
     arithmetic right shift and two's-complement left shift, which is what torch's shifts do for signed types."""

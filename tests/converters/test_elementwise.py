@@ -295,6 +295,16 @@ def test_bitshift_28_signed(dtype):
         np.testing.assert_array_equal(got, want, strict=True)
 
 
+# ---- BitwiseAnd/Or/Xor/Not ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
+@pytest.mark.parametrize("dtype", [I8, np.int16, I32, I64, U8, U16, U32, U64])
+def test_bitwise(op, dtype):
+    info = np.iinfo(dtype)
+    x = np.array([[0, 1, 5, info.max], [info.min, info.max - 1, 12, 3]], dtype=dtype)  # sign bits and top bits
+    y = np.array([info.max, 6, info.min, 9], dtype=dtype)  # broadcast over x's rows
+    run_op(op, {"x": x} if op == "BitwiseNot" else {"x": x, "y": y}, 18)
+
+
 # ---- variadic Max Min Sum Mean and Where --------------------------------------------------------------------------
 VARIADIC_DTYPES = {"Max": [F64, F16, I8, I32, I64, U8, U32], "Min": [F64, F16, I8, I32, I64, U8, U32],
                    "Sum": [F64, F16], "Mean": [F16]}  # onnxruntime has no float64 Mean
@@ -552,7 +562,8 @@ def test_constant_string_is_refused():
 
 
 # ---- registration ----------------------------------------------------------------------------------------------------
-OPS = [*UNARY_FLOAT, *BINARY, "Not", "And", "Or", "Xor", "Mod", "BitShift", "Max", "Min", "Sum", "Mean", "Where",
+OPS = [*UNARY_FLOAT, *BINARY, "Not", "And", "Or", "Xor", "Mod", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+       "BitwiseNot", "Max", "Min", "Sum", "Mean", "Where",
        "Clip", *ACTIVATION_ATTRS, "PRelu", "Softmax", "LogSoftmax", "Hardmax", "Identity", "Constant"]
 
 
