@@ -268,6 +268,13 @@ def layer_normalization(node: OnnxNode, ctx) -> Converted:
     return Converted(m.LayerNormalization(axis, epsilon, stash_type, len(node.outputs)), node.inputs)
 
 
+@register_converter("RMSNormalization", (23,))
+def rms_normalization(node: OnnxNode, ctx) -> Converted:
+    """Root-mean-square normalisation over the axes from ``axis`` on, computed in stash_type; Scale broadcasts."""
+    module = m.RMSNormalization(node.attr("axis"), node.attr("epsilon"), _stash_type(node))
+    return Converted(module, node.inputs)
+
+
 @register_converter("GroupNormalization", (18, 21))
 def group_normalization(node: OnnxNode, ctx) -> Converted:
     """Group normalisation. Opset 18 scale/bias are per group, opset 21 per channel (with stash_type). Constant

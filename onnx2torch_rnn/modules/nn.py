@@ -439,6 +439,23 @@ class LayerNormalization(nn.Module):
         return attributes_repr(self, ["axis", "epsilon", "stash_type"])
 
 
+class RMSNormalization(nn.Module):
+    """ONNX RMSNormalization: x / sqrt(mean(x^2 over the axes from ``axis`` on) + epsilon) in the stash type, cast
+    back to x's type, times scale (the order of the spec's function body)."""
+
+    def __init__(self, axis=-1, epsilon=1e-5, stash_type=torch.float32):
+        super().__init__()
+        self.axis, self.epsilon, self.stash_type = axis, epsilon, stash_type
+
+    def forward(self, x, scale):
+        dims = tuple(range(self.axis % x.dim(), x.dim()))
+        xs = x.to(self.stash_type)
+        return (xs * torch.rsqrt(xs.square().mean(dims, keepdim=True) + self.epsilon)).to(x.dtype) * scale
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["axis", "epsilon", "stash_type"])
+
+
 class GroupNormalization(nn.Module):
     """ONNX GroupNormalization; ``per_group`` scale/bias (opset 18) are repeated over each group's channels."""
 

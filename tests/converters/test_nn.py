@@ -335,6 +335,34 @@ def test_layer_normalization(opset, axis, x_shape, bias, outputs, kind):
     assert _count(module, nn.LayerNorm) == (kind == "initializer" and len(outputs) == 1)
 
 
+@pytest.mark.parametrize("opset", [23, 25])
+@pytest.mark.parametrize(("axis", "x_shape", "scale_shape"),
+                         [(-1, (2, 3, 5), (5,)), (1, (2, 3, 4), (3, 4)), (-2, (2, 3, 4), (1, 4)), (0, (2, 3), (2, 3))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("kind", ["initializer", "input"])
+def test_rms_normalization(opset, axis, x_shape, scale_shape, dtype, kind):
+    weights = {"scale": RNG.standard_normal(scale_shape).astype(dtype)}
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], axis=axis, epsilon=1e-3)
+    tolerance = {"rtol": 1e-3, "atol": 1e-3} if dtype == np.float16 else {}  # float16's ulp; ORT rounds apart
+    check(*weighted_model([node], [("x", dtype, x_shape)], weights, opset, kind), **tolerance)
+
+
+@pytest.mark.parametrize("stash_type", [onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16])
+def test_rms_normalization_stash_type(stash_type):
+    """The statistics are computed in stash_type (onnxruntime supports only float32: compared with numpy). The
+    magnitudes make the squares overflow in exactly one of float32 and the stash type, so ignoring it fails."""
+    x = (RNG.standard_normal((2, 3, 4)) * (1e20 if stash_type == onnx.TensorProto.DOUBLE else 300)).astype(np.float32)
+    scale = RNG.standard_normal(4).astype(np.float32)
+    node = helper.make_node("RMSNormalization", ["x", "scale"], ["y"], stash_type=stash_type)
+    model = make_model([node], [("x", np.float32, x.shape), ("scale", np.float32, scale.shape)], ["y"], opset=23)
+    stash = onnx.helper.tensor_dtype_to_np_dtype(stash_type).type
+    xs = x.astype(stash)
+    with np.errstate(over="ignore"):  # float16's squares are inf, so its outputs are 0
+        want = (xs / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + stash(1e-5))).astype(np.float32) * scale
+    got = onnx2torch_rnn.convert(model)(torch.from_numpy(x), torch.from_numpy(scale)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6 if stash == np.float64 else 1e-3, atol=1e-6, strict=True)
+
+
 @pytest.mark.parametrize(("opset", "per_group"), [(18, True), (21, False), (25, False)])
 @pytest.mark.parametrize(("num_groups", "x_shape"), [(2, (2, 4, 5)), (3, (2, 6, 3, 4)), (1, (1, 4, 3, 3))])
 @pytest.mark.parametrize("kind", ["initializer", "input"])
