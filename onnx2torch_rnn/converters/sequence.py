@@ -1,4 +1,5 @@
-"""Sequence ops: SplitToSequence, SequenceAt (an ONNX sequence is a tuple of tensors in the GraphModule).
+"""Sequence ops: SplitToSequence, SequenceAt, SequenceConstruct, SequenceInsert, SequenceErase, SequenceLength,
+ConcatFromSequence (an ONNX sequence is a tuple of tensors in the GraphModule).
 
 The dynamo exporter writes them for an unrolled nn.RNN: SplitToSequence over time, then one SequenceAt per step.
 """
@@ -30,3 +31,40 @@ def sequence_at(node: OnnxNode, ctx) -> Converted:
     position = constant_ints(ctx, node.input(1))
     return converted(m.SequenceAt(None if position is None else position[0]),
                      [node.input(0), run_time(ctx, node.input(1))])
+
+
+@register_converter("SequenceConstruct", (11,))
+def sequence_construct(node: OnnxNode, ctx) -> Converted:
+    """A tuple of the inputs."""
+    return Converted(m.SequenceConstruct(), node.inputs)
+
+
+@register_converter("SequenceLength", (11,))
+def sequence_length(node: OnnxNode, ctx) -> Converted:
+    """An int64 scalar."""
+    return Converted(m.SequenceLength(), node.inputs)
+
+
+@register_converter("SequenceInsert", (11,))
+def sequence_insert(node: OnnxNode, ctx) -> Converted:
+    """Position constant or computed at run time, in [-n, n]; absent: at the back; out of range raises."""
+    position = constant_ints(ctx, node.input(2))
+    return converted(m.SequenceInsert(None if position is None else position[0]),
+                     [node.input(0), node.input(1), run_time(ctx, node.input(2))])
+
+
+@register_converter("SequenceErase", (11,))
+def sequence_erase(node: OnnxNode, ctx) -> Converted:
+    """Position constant or computed at run time, in [-n, n - 1]; absent: the last; out of range raises."""
+    position = constant_ints(ctx, node.input(1))
+    return converted(m.SequenceErase(None if position is None else position[0]),
+                     [node.input(0), run_time(ctx, node.input(1))])
+
+
+@register_converter("ConcatFromSequence", (11,))
+def concat_from_sequence(node: OnnxNode, ctx) -> Converted:
+    """torch.cat along ``axis``, or torch.stack when ``new_axis`` is 1 (``axis`` may then be the new last one)."""
+    new_axis = node.attr("new_axis", 0)
+    if new_axis not in (0, 1):
+        raise node.unsupported("new_axis", new_axis, "must be 0 or 1")
+    return Converted(m.ConcatFromSequence(node.attr("axis"), new_axis), node.inputs)

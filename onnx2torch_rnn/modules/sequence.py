@@ -43,3 +43,67 @@ class SequenceAt(_Attributes):
         if not -len(sequence) <= index < len(sequence):
             raise IndexError(f"position {index} is out of range for a sequence of {len(sequence)} tensors")
         return sequence[index]
+
+
+class SequenceConstruct(_Attributes):
+    """The inputs, in order, as one sequence."""
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tensors
+
+
+class SequenceLength(_Attributes):
+    def forward(self, sequence: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.tensor(len(sequence), dtype=torch.int64)
+
+
+def _index(position: int, length: int, inclusive_end: bool) -> int:
+    """A position in [-n, n - 1] (or up to n, to insert at the back) as an index from the front; else IndexError."""
+    if not -length <= position < length + inclusive_end:
+        raise IndexError(f"position {position} is out of range for a sequence of {length} tensors")
+    return position + length if position < 0 else position
+
+
+class SequenceInsert(_Attributes):
+    """``tensor`` inserted before ``position`` (baked or read at run time; absent: at the back)."""
+
+    _shown = ("position",)
+
+    def __init__(self, position: int | None = None):
+        super().__init__()
+        self.position = position
+
+    def forward(self, sequence: Sequence[torch.Tensor], tensor: torch.Tensor,
+                position: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        index = scalar(self.position, position)
+        index = len(sequence) if index is None else _index(index, len(sequence), inclusive_end=True)
+        return (*sequence[:index], tensor, *sequence[index:])
+
+
+class SequenceErase(_Attributes):
+    """The sequence without the tensor at ``position`` (baked or read at run time; absent: the last)."""
+
+    _shown = ("position",)
+
+    def __init__(self, position: int | None = None):
+        super().__init__()
+        self.position = position
+
+    def forward(self, sequence: Sequence[torch.Tensor],
+                position: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        index = scalar(self.position, position)
+        index = _index(-1 if index is None else index, len(sequence), inclusive_end=False)
+        return (*sequence[:index], *sequence[index + 1:])
+
+
+class ConcatFromSequence(_Attributes):
+    """The tensors concatenated along ``axis``, or stacked along a new ``axis`` when ``new_axis`` is 1."""
+
+    _shown = ("axis", "new_axis")
+
+    def __init__(self, axis: int, new_axis: int = 0):
+        super().__init__()
+        self.axis, self.new_axis = axis, new_axis
+
+    def forward(self, sequence: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(sequence, self.axis) if self.new_axis else torch.cat(sequence, self.axis)

@@ -1,5 +1,6 @@
-"""Sequence ops against onnxruntime: SplitToSequence (every split form, keepdims, constant or run-time split) and
-SequenceAt (constant or run-time position, negative, out of range)."""
+"""Sequence ops against onnxruntime: SplitToSequence (every split form, keepdims, constant or run-time split),
+SequenceAt (constant or run-time position, negative, out of range), SequenceConstruct, SequenceInsert, SequenceErase,
+SequenceLength and ConcatFromSequence."""
 
 from __future__ import annotations
 
@@ -70,3 +71,35 @@ def test_invalid_split_or_position_raises_like_onnxruntime(split, position, erro
     model, feeds = split_model(split, 0, 1, [position], 17, runtime=True)
     with pytest.raises(error):
         run_torch(onnx2torch_rnn.convert(model), model, feeds)
+
+
+@pytest.mark.parametrize("runtime", [False, True], ids=["constant", "runtime"])
+@pytest.mark.parametrize(("insert_at", "erase_at"), [(None, None), (0, 0), (-1, 2), (3, -4), (-3, 1)])
+@pytest.mark.parametrize(("axis", "new_axis"), [(0, 0), (-1, 0), (1, 1), (3, 1), (-4, 1)])
+def test_construct_insert_erase_length_concat(insert_at, erase_at, axis, new_axis, runtime):
+    """(x, y, x) -> insert z -> erase -> its length, and its tensors concatenated or stacked."""
+    positions = {name: np.array(value, np.int64) for name, value in (("i", insert_at), ("e", erase_at))
+                 if value is not None}
+    nodes = [helper.make_node("SequenceConstruct", ["x", "y", "x"], ["s0"]),
+             helper.make_node("SequenceInsert", ["s0", "z", "i" if insert_at is not None else ""], ["s1"]),
+             helper.make_node("SequenceErase", ["s1", "e" if erase_at is not None else ""], ["s2"]),
+             helper.make_node("SequenceLength", ["s2"], ["n"]),
+             helper.make_node("ConcatFromSequence", ["s2"], ["c"], axis=axis, new_axis=new_axis)]
+    inputs = [(name, np.float32, [2, 3, 4]) for name in "xyz"]
+    inputs += [(name, np.int64, []) for name in positions if runtime]
+    model = make_model(nodes, inputs, ["n", "c"], {} if runtime else positions, opset=17)
+    feeds = {name: RNG.standard_normal((2, 3, 4)).astype(np.float32) for name in "xyz"}
+    check(model, {**feeds, **(positions if runtime else {})})
+
+
+@pytest.mark.parametrize(("op", "position"), [("SequenceInsert", 4), ("SequenceInsert", -4), ("SequenceErase", 3),
+                                              ("SequenceErase", -4)])
+def test_insert_and_erase_refuse_positions_out_of_range(op, position):
+    """onnxruntime fails on these too; the module raises IndexError rather than clamping."""
+    inputs = ["s", "x", "p"] if op == "SequenceInsert" else ["s", "p"]
+    nodes = [helper.make_node("SequenceConstruct", ["x", "x", "x"], ["s"]), helper.make_node(op, inputs, ["t"]),
+             helper.make_node("SequenceLength", ["t"], ["n"])]
+    model = make_model(nodes, [("x", np.float32, [2]), ("p", np.int64, [])], ["n"], opset=17)
+    module = onnx2torch_rnn.convert(model)
+    with pytest.raises(IndexError, match="out of range"):
+        module(torch.zeros(2), torch.tensor(position))
