@@ -1,6 +1,5 @@
 """checking.py: generated inputs (index-aware integer ranges), compare() and the per-node divergence bisect."""
 
-import contextlib
 
 import numpy as np
 import onnx
@@ -9,42 +8,10 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn import Converted, register_converter
 from onnx2torch_rnn.checking import compare, index_ranges, random_inputs
-from onnx2torch_rnn.registry import _CONVERTERS, OperationKey, resolve
-from tests.helpers import make_model
+from tests.helpers import make_model, perturbed
 
 RNG = np.random.default_rng(0)
-
-
-class Then(torch.nn.Module):
-    """``fn`` applied to what ``module`` returns."""
-
-    def __init__(self, module, fn):
-        super().__init__()
-        self.module, self.fn = module, fn
-
-    def forward(self, *inputs, **named):
-        return self.fn(self.module(*inputs, **named))
-
-
-@contextlib.contextmanager
-def perturbed(op_type, node_name, fn=lambda y: y * 1.01 + 0.01, opset=17):
-    """Replace the converter of ``op_type`` so that node ``node_name`` computes ``fn`` of its right output."""
-    original, version = resolve("", op_type, opset)
-    key = OperationKey("", op_type, version)
-
-    def convert(node, ctx):
-        result = original(node, ctx)
-        if node.name != node_name:
-            return result
-        return Converted(Then(result.module, fn), result.inputs)
-
-    register_converter(op_type, version, replace=True)(convert)
-    try:
-        yield
-    finally:
-        _CONVERTERS[key] = original
 
 
 def _chain(opset=17):

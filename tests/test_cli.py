@@ -14,9 +14,7 @@ from onnx import TensorProto, helper
 import onnx2torch_rnn
 from onnx2torch_rnn import codegen
 from onnx2torch_rnn.cli import ProgressBar, main
-from tests.helpers import make_model
-from tests.test_checking import perturbed
-from tests.test_codegen import cnn
+from tests.helpers import cnn, make_model, perturbed
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx"
 
@@ -47,20 +45,14 @@ def test_check_exit_codes_for_unconvertible_models(tmp_path, capsys):
     assert "test.custom::Mystery" in capsys.readouterr().err
 
 
-def test_check_exits_1_on_a_mismatch(tmp_path, capsys):
-    from onnx2torch_rnn import Converted, register_converter
+def test_check_exits_1_on_a_mismatch(tmp_path, capsys, registry):
+    from onnx2torch_rnn import Converted
     from onnx2torch_rnn.modules.common import Function
-    from onnx2torch_rnn.registry import _CONVERTERS, OperationKey
 
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", np.float32, [4])], ["y"])
     onnx.save(model, tmp_path / "m.onnx")
-    key = OperationKey("", "Relu", 14)
-    original = _CONVERTERS[key]
-    try:
-        register_converter("Relu", 14, replace=True)(lambda node, ctx: Converted(Function(torch.abs), node.inputs))
-        assert main(["check", str(tmp_path / "m.onnx")]) == 1
-    finally:
-        _CONVERTERS[key] = original
+    registry("Relu", 14, replace=True)(lambda node, ctx: Converted(Function(torch.abs), node.inputs))
+    assert main(["check", str(tmp_path / "m.onnx")]) == 1
     assert "MISMATCH" in capsys.readouterr().out
 
 

@@ -10,31 +10,12 @@ from onnx import TensorProto, helper
 from torch import nn
 
 import onnx2torch_rnn
-from onnx2torch_rnn import Converted, codegen, register_converter
+from onnx2torch_rnn import Converted, codegen
 from onnx2torch_rnn.modules.common import Function
-from onnx2torch_rnn.registry import _CONVERTERS, OperationKey
-from tests.helpers import make_model
+from tests.helpers import cnn, make_model
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx"
 RNG = np.random.default_rng(0)
-
-
-def cnn(dtype=np.float32):
-    """Conv -> BatchNormalization -> Relu -> MaxPool -> Flatten -> Gemm, with a symbolic batch."""
-    def rand(*shape):
-        return RNG.standard_normal(shape).astype(dtype)
-
-    nodes = [helper.make_node("Conv", ["x", "conv_w", "conv_b"], ["c"], name="conv", kernel_shape=[3, 3],
-                              pads=[1, 1, 1, 1]),
-             helper.make_node("BatchNormalization", ["c", "bn_scale", "bn_bias", "bn_mean", "bn_var"], ["n"],
-                              name="bn", epsilon=1e-3),
-             helper.make_node("Relu", ["n"], ["r"], name="relu"),
-             helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
-             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
-             helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["y"], name="fc", transB=1)]
-    init = {"conv_w": rand(4, 3, 3, 3), "conv_b": rand(4), "bn_scale": rand(4), "bn_bias": rand(4),
-            "bn_mean": rand(4), "bn_var": np.abs(rand(4)) + 0.5, "fc_w": rand(10, 64), "fc_b": rand(10)}
-    return make_model(nodes, [("x", dtype, ["batch", 3, 8, 8])], ["y"], init)
 
 
 def lstm(peepholes):
@@ -149,16 +130,10 @@ def test_an_existing_folder_needs_force(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.py", "weights.pt"]  # the stale program is gone
 
 
-def test_a_module_the_code_cannot_name_is_an_error(tmp_path):
-    key = OperationKey("", "Relu", 14)
-    original = _CONVERTERS[key]
-    register_converter("Relu", 14, replace=True)(
-        lambda node, ctx: Converted(Function(lambda x: x.clamp(min=0)), node.inputs))
-    try:
-        with pytest.raises(codegen.CodegenError, match=r"Model\.relu\(fn=\): .*lambda"):
-            codegen.write(cnn(), tmp_path)
-    finally:
-        _CONVERTERS[key] = original
+def test_a_module_the_code_cannot_name_is_an_error(tmp_path, registry):
+    registry("Relu", 14, replace=True)(lambda node, ctx: Converted(Function(lambda x: x.clamp(min=0)), node.inputs))
+    with pytest.raises(codegen.CodegenError, match=r"Model\.relu\(fn=\): .*lambda"):
+        codegen.write(cnn(), tmp_path)
 
 
 def test_recording_restores_every_constructor():

@@ -15,8 +15,7 @@ import torch
 import onnx2torch_rnn
 from onnx2torch_rnn.checking import run_onnxruntime, run_torch
 from onnx2torch_rnn.dequantize import dequantize_model
-from onnx2torch_rnn.modules import quantized as q
-from tests.helpers import helper, make_model
+from tests.helpers import assert_float_only, helper, make_model
 
 RNG = np.random.default_rng(0)
 MS = "com.microsoft"
@@ -59,17 +58,6 @@ def check_dequantized(model: onnx.ModelProto, reference: onnx.ModelProto, feeds:
     for name, parameter in weights:
         assert parameter.grad is not None and bool(parameter.grad.abs().sum() > 0), f"no gradient reaches {name}"
     return module
-
-
-QUANTIZED_MODULES = (q.QuantizeLinear, q.DequantizeLinear, q.DynamicQuantizeLinear, q.MatMulInteger, q.ConvInteger,
-                     q.QLinearMatMul, q.QLinearConv, q.DynamicQuantizeMatMul, q.MatMulIntegerToFloat, q.QLinearAdd,
-                     q.QLinearMul, q.QLinearLookup, q.QLinearGlobalAveragePool, q.QLinearConcat, q.QGemm)
-
-
-def assert_float_only(module: torch.nn.Module) -> None:
-    left = [name for name, m in module.named_modules() if isinstance(m, QUANTIZED_MODULES)]
-    assert not left, f"quantized modules left: {left}"
-    assert not [name for name, b in module.named_buffers() if not b.is_floating_point() and b.numel() > 1]
 
 
 def wrap(nodes, x_shape, initializers, y_shape=None, opset=17):

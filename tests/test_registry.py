@@ -9,7 +9,7 @@ import onnx2torch_rnn
 from onnx2torch_rnn import Converted, UnsupportedAttributeError, UnsupportedOperatorError, register_converter
 from onnx2torch_rnn.modules.common import Function
 from onnx2torch_rnn.registry import resolve
-from tests.helpers import make_model
+from tests.helpers import make_model, registry_restored
 
 
 def test_a_version_serves_every_opset_until_the_schema_changes():
@@ -31,13 +31,16 @@ class _Halves(torch.nn.Module):
         return x[: x.shape[0] // 2], x[x.shape[0] // 2 :]
 
 
-@register_converter("Halves", 1, domain="test.custom")
-def _halves(node, ctx):
-    """Test op: splits the first axis in two halves."""
-    return Converted(_Halves(), node.inputs)
+@pytest.fixture
+def halves(registry):
+    """A custom op test.custom::Halves-1, registered for the test."""
+    @registry("Halves", 1, domain="test.custom")
+    def convert(node, ctx):
+        """Test op: splits the first axis in two halves."""
+        return Converted(_Halves(), node.inputs)
 
 
-def test_custom_domain_converter_and_outputs_resolved_per_value():
+def test_custom_domain_converter_and_outputs_resolved_per_value(halves):
     node = helper.make_node("Halves", ["x"], ["", "second"], domain="test.custom", name="h")
     model = make_model([node], [("x", np.float32, [4])], [("second", np.float32, [2])],
                        extra_opsets={"test.custom": 3})
@@ -45,20 +48,22 @@ def test_custom_domain_converter_and_outputs_resolved_per_value():
     assert gm(torch.arange(4.0)).tolist() == [2.0, 3.0]
 
 
-def test_replacing_a_builtin_is_explicit_and_takes_effect():
-    from onnx2torch_rnn.registry import _CONVERTERS, OperationKey
+def test_registrations_inside_registry_restored_are_undone():
+    original = resolve("", "Relu", 14)
+    with registry_restored():
+        register_converter("Relu", 14, replace=True)(lambda node, ctx: None)
+        register_converter("Fresh", 1, domain="test.custom")(lambda node, ctx: None)
+        assert resolve("", "Relu", 14) != original and resolve("test.custom", "Fresh", 1) is not None
+    assert resolve("", "Relu", 14) == original and resolve("test.custom", "Fresh", 1) is None
 
-    key = OperationKey("", "Relu", 14)
-    original = _CONVERTERS[key]
-    try:
-        @register_converter("Relu", 14, replace=True)
-        def negate(node, ctx):
-            return Converted(Function(torch.neg), node.inputs)
 
-        model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", np.float32, [2])], ["y"])
-        assert onnx2torch_rnn.convert(model)(torch.tensor([1.0, -2.0])).tolist() == [-1.0, 2.0]
-    finally:
-        _CONVERTERS[key] = original
+def test_replacing_a_builtin_is_explicit_and_takes_effect(registry):
+    @registry("Relu", 14, replace=True)
+    def negate(node, ctx):
+        return Converted(Function(torch.neg), node.inputs)
+
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", np.float32, [2])], ["y"])
+    assert onnx2torch_rnn.convert(model)(torch.tensor([1.0, -2.0])).tolist() == [-1.0, 2.0]
 
 
 def test_all_unsupported_operators_are_reported_at_once():
@@ -75,7 +80,7 @@ def test_all_unsupported_operators_are_reported_at_once():
     assert "first" in str(info.value) and "third" in str(info.value)
 
 
-def test_an_attribute_the_converter_does_not_read_is_an_error():
+def test_an_attribute_the_converter_does_not_read_is_an_error(halves):
     node = helper.make_node("Halves", ["x"], ["a", "b"], domain="test.custom", name="h", surprise=3)
     model = make_model([node], [("x", np.float32, [4])], [("a", np.float32, [2])], extra_opsets={"test.custom": 1})
     with pytest.raises(UnsupportedAttributeError, match=r"Halves node 'h': attribute surprise=3"):

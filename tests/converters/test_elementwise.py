@@ -455,8 +455,7 @@ def test_celu_28_double():
 def test_prelu_constant_slope(opset, x_shape, slope_shape, fast):
     slope = values(F32, slope_shape, seed=5)
     node = helper.make_node("PRelu", ["x", "slope"], ["y"])
-    inputs = [("x", F32, list(x_shape))] + ([("slope", F32, list(slope_shape))] if opset < 9 else [])  # IR 3
-    model = make_model([node], inputs, ["y"], initializers={"slope": slope}, opset=opset)
+    model = make_model([node], [("x", F32, list(x_shape))], ["y"], initializers={"slope": slope}, opset=opset)
     module = check(model, {"x": values(F32, x_shape, specials=True)})
     prelus = [m for m in module.modules() if isinstance(m, torch.nn.PReLU)]
     assert len(prelus) == int(fast)

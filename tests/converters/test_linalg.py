@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from torch import nn
 
-from tests.converters.test_nn import weighted_model
-from tests.helpers import check, helper, make_model
+from tests.helpers import check, check_reference, helper, make_model, weighted_model
 
 RNG = np.random.default_rng(0)
 
@@ -111,8 +110,6 @@ def test_einsum(opset, equation, shapes):
 
 def test_einsum_opset_28():
     """onnxruntime stops at opset 25; opset 28 (bfloat16 added) is checked against onnx's reference evaluator."""
-    from tests.converters.test_nn import check_reference
-
     model = make_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation="bij,bjk->bik")],
                        [("a", np.float32, (2, 3, 4)), ("b", np.float32, (2, 4, 5))], ["y"], opset=28)
     check_reference(model, {"a": RNG.standard_normal((2, 3, 4)).astype(np.float32),

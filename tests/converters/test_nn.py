@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
 import onnx
 import pytest
@@ -11,38 +9,9 @@ import torch
 from torch import nn
 
 import onnx2torch_rnn
-from onnx2torch_rnn.checking import random_inputs
-from tests.helpers import check, helper, make_model
+from tests.helpers import CONV_CASES, check, check_reference, helper, make_model, weighted_model
 
 RNG = np.random.default_rng(0)
-
-
-def weighted_model(nodes: Sequence[onnx.NodeProto], inputs: Sequence, weights: Mapping[str, np.ndarray], opset: int,
-                   kind: str = "initializer", outputs: Sequence = ("y",), seed: int = 0):
-    """A model whose ``weights`` are initializers (also listed as graph inputs below IR 4, which requires it) or
-    graph inputs (``kind="input"``). Returns (model, feeds)."""
-    as_inputs = kind == "input"
-    specs = list(inputs)
-    if as_inputs or opset < 9:
-        specs += [(name, value.dtype, value.shape) for name, value in weights.items()]
-    model = make_model(nodes, specs, list(outputs), None if as_inputs else weights, opset)
-    feeds = random_inputs(model, seed)
-    feeds.update(weights if as_inputs else {})
-    return model, feeds
-
-
-def check_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], rtol=1e-4, atol=1e-5):
-    """Like ``check`` for cases onnxruntime refuses: onnx's reference evaluator is the oracle."""
-    from onnx.reference import ReferenceEvaluator
-
-    expected = ReferenceEvaluator(model).run(None, dict(feeds))
-    module = onnx2torch_rnn.convert(model)
-    with torch.no_grad():
-        actual = module(*(torch.from_numpy(feeds[i.name]) for i in model.graph.input if i.name in feeds))
-    actual = actual if isinstance(actual, tuple) else (actual,)
-    for want, got in zip(expected, actual, strict=True):
-        np.testing.assert_allclose(got.numpy(), want, rtol=rtol, atol=atol, strict=True)
-    return module
 
 
 def _count(module: nn.Module, *types) -> int:
@@ -56,22 +25,6 @@ def _node_model(op: str, x_shape, opset: int, dtype=np.float32, outputs=("y",), 
 
 
 # ----------------------------------------------------------------------------------------------- Conv
-
-CONV_CASES = [  # (attributes, x shape, w shape, bias)
-    ({}, (1, 4, 6, 7), (6, 4, 3, 3), True),
-    ({"strides": [2, 2], "pads": [1, 1, 1, 1]}, (2, 4, 7, 8), (6, 4, 3, 3), True),
-    ({"strides": [2, 1], "pads": [0, 1, 2, 1]}, (1, 4, 7, 8), (6, 4, 3, 3), True),
-    ({"dilations": [2, 1], "group": 2}, (1, 4, 7, 8), (6, 2, 3, 3), True),
-    ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, (1, 4, 7, 8), (6, 4, 4, 3), True),
-    ({"auto_pad": "SAME_LOWER"}, (1, 4, 7, 8), (6, 4, 4, 3), False),
-    ({"auto_pad": "SAME_LOWER", "strides": [3, 2]}, (1, 4, 7, 8), (6, 4, 2, 3), True),
-    ({"auto_pad": "VALID", "strides": [2, 2]}, (1, 4, 7, 8), (6, 4, 3, 3), True),
-    ({"strides": [2], "dilations": [2], "pads": [2, 1]}, (2, 3, 11), (5, 3, 3), True),
-    ({"strides": [1, 2, 1], "pads": [1, 0, 1, 0, 1, 1]}, (1, 2, 4, 5, 6), (3, 2, 2, 3, 3), True),
-    ({"group": 4, "pads": [1, 1, 1, 1]}, (1, 4, 6, 6), (4, 1, 3, 3), False),
-    ({"kernel_shape": [3, 3], "pads": [1, 2, 1, 2]}, (1, 4, 6, 7), (6, 4, 3, 3), False),
-]
-
 
 @pytest.mark.parametrize("opset", [7, 11, 25])
 @pytest.mark.parametrize(("attributes", "x_shape", "w_shape", "bias"), CONV_CASES)

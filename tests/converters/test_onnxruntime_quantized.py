@@ -6,19 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.converters import test_quantized
-from tests.converters.test_quantized import single_node
-from tests.helpers import check, helper, make_model, tensor_type
+from tests import helpers
+from tests.helpers import check, helper, make_model, single_node, tensor_type
 
 RNG = np.random.default_rng(0)
 
 
-def integers(*args) -> np.ndarray:
-    return test_quantized.integers(*args, rng=RNG)  # this module's RNG, reseeded per test
+def integers(*args, **kwargs) -> np.ndarray:
+    return helpers.integers(*args, rng=RNG, **kwargs)  # this module's RNG, reseeded per test
 
 
-def floats(*args) -> np.ndarray:
-    return test_quantized.floats(*args, rng=RNG)
+def floats(*args, **kwargs) -> np.ndarray:
+    return helpers.floats(*args, rng=RNG, **kwargs)
 MS = "com.microsoft"
 BYTES = [np.uint8, np.int8]
 

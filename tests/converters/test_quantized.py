@@ -10,41 +10,30 @@ import torch
 
 import onnx2torch_rnn
 from onnx2torch_rnn.errors import UnsupportedAttributeError
-from tests.converters.test_nn import CONV_CASES
-from tests.helpers import TensorProto, check, helper, make_model, tensor_type
+from tests import helpers
+from tests.helpers import (
+    CONV_CASES,
+    TensorProto,
+    check,
+    check_reference,
+    helper,
+    make_model,
+    parametrize_pairwise,
+    single_node,
+    tensor_type,
+)
 
 RNG = np.random.default_rng(0)
 
 INT_TYPES = {np.uint8: 10, np.int8: 10, np.uint16: 21, np.int16: 21}  # numpy type -> first opset defining it
 
 
-def integers(dtype, shape, low=None, high=None, rng=None) -> np.ndarray:
-    info = np.iinfo(dtype)
-    rng = RNG if rng is None else rng
-    return rng.integers(info.min if low is None else low, (info.max if high is None else high) + 1,
-                        shape).astype(dtype)
+def integers(*args, **kwargs) -> np.ndarray:
+    return helpers.integers(*args, rng=RNG, **kwargs)  # this module's RNG, reseeded per test
 
 
-def floats(shape, scale: float = 1.0, rng=None) -> np.ndarray:
-    """Random floats that also hit the rounding ties of ``scale`` (exact multiples of scale / 2) and extremes."""
-    rng = RNG if rng is None else rng
-    values = rng.standard_normal(shape).astype(np.float32) * 100 * scale
-    flat = values.reshape(-1)
-    ties = (rng.integers(-400, 400, flat.size) + 0.5).astype(np.float32) * np.float32(scale)
-    flat[::3] = ties[::3]
-    return values
-
-
-def single_node(op, inputs, feeds, initializers, opset, outputs=("y",), domain="", **attributes):
-    """A one-node model over ``inputs`` (names in order, '' for absent); values in ``initializers`` are
-    initializers, the others graph inputs fed from ``feeds``. ``outputs`` are names (typed by shape inference) or
-    (name, type, shape) specs. Returns (model, feeds)."""
-    names = [o if isinstance(o, str) else o[0] for o in outputs]
-    node = helper.make_node(op, list(inputs), names, domain=domain, **attributes)
-    specs = [(name, value.dtype, value.shape) for name, value in feeds.items()]
-    extra = {"com.microsoft": 1} if domain else None
-    model = make_model([node], specs, list(outputs), initializers, opset, extra)
-    return model, feeds
+def floats(*args, **kwargs) -> np.ndarray:
+    return helpers.floats(*args, rng=RNG, **kwargs)
 
 
 def split(values: dict, constant: bool, names=("x",)):
@@ -194,8 +183,6 @@ def test_dequantize_linear_output_dtype():
 @pytest.mark.parametrize("dtype", [np.int8, np.uint16])
 def test_opset_28(op, dtype):
     """onnxruntime stops at opset 25; opset 28 (float6 types added) is checked against onnx's reference evaluator."""
-    from tests.converters.test_nn import check_reference
-
     values = _quantize_case(dtype, (3, 7), (3, 3), True)
     x = values["x"] if op == "QuantizeLinear" else integers(dtype, (3, 7))
     model, feeds = single_node(op, ["x", "s", "z"], {"x": x}, {"s": values["s"], "z": values["z"]}, 28, axis=-1,
@@ -226,11 +213,10 @@ MATMUL_SHAPES = [((3, 4), (4, 5)), ((4,), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 
                  ((1, 64), (64, 7)), ((5, 300), (300, 3))]
 
 
-@pytest.mark.parametrize(("a_shape", "b_shape"), MATMUL_SHAPES)
-@pytest.mark.parametrize(("a_type", "b_type"), [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
-@pytest.mark.parametrize("zero_points", ["none", "scalar", "a_only"])
-@pytest.mark.parametrize("constant", [True, False])
-def test_matmul_integer(a_shape, b_shape, a_type, b_type, zero_points, constant):
+@parametrize_pairwise(shapes=MATMUL_SHAPES, types=[(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)],
+                      zero_points=["none", "scalar", "a_only"], constant=[True, False])
+def test_matmul_integer(shapes, types, zero_points, constant):
+    (a_shape, b_shape), (a_type, b_type) = shapes, types
     values = {"a": integers(a_type, a_shape), "b": integers(b_type, b_shape)}
     names = ["a", "b"]
     if zero_points != "none":
@@ -359,8 +345,6 @@ def test_requantization_ties_round_to_even(op, types):
 def test_conv_integer_per_channel_weight_zero_points():
     """Per output channel zero points are in the spec; onnxruntime refuses them: onnx's reference evaluator is the
     oracle."""
-    from tests.converters.test_nn import check_reference
-
     values = {"w": integers(np.uint8, (4, 2, 3, 3)), "xz": integers(np.uint8, ()), "wz": integers(np.uint8, (4,))}
     model, feeds = single_node("ConvInteger", ["x", "w", "xz", "wz"], {"x": integers(np.uint8, (1, 2, 5, 6))}, values,
                                10, pads=[1, 0, 1, 2], strides=[1, 2])

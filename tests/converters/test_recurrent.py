@@ -19,7 +19,16 @@ from onnx import numpy_helper
 import onnx2torch_rnn
 from onnx2torch_rnn.errors import InvalidModelError, UnsupportedAttributeError
 from onnx2torch_rnn.recurrent import OnnxGRU, OnnxLSTM, OnnxRNN
-from tests.helpers import TensorProto, check, helper, make_model, run_onnxruntime, run_torch
+from tests.helpers import (
+    TensorProto,
+    check,
+    fast_path_modules,
+    helper,
+    make_model,
+    pairwise,
+    run_onnxruntime,
+    run_torch,
+)
 from tests.rnn_reference import reference, run_node
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -68,7 +77,7 @@ def build(op, *, direction="forward", steps=5, batch=3, input_size=4, hidden=3, 
     if lens_const:
         constant.add("L")
     initializers = {k: v for k, v in values.items() if k in constant}
-    inputs = [(k, v.dtype, list(v.shape)) for k, v in values.items() if k not in constant or opset < 9]
+    inputs = [(k, v.dtype, list(v.shape)) for k, v in values.items() if k not in constant]
     y_shape = [batch, steps, directions, hidden] if layout else [steps, directions, batch, hidden]
     shapes = {"Y": y_shape, "Y_h": state_shape, "Y_c": state_shape}
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
@@ -80,32 +89,6 @@ def build(op, *, direction="forward", steps=5, batch=3, input_size=4, hidden=3, 
 
 def all_values(model, feeds):
     return {**{t.name: numpy_helper.to_array(t) for t in model.graph.initializer}, **feeds}
-
-
-def recurrent_modules(module):
-    return [m for m in module.modules() if isinstance(m, torch.nn.RNNBase)]
-
-
-def pairwise(factors: dict[str, list], seed: int = 0) -> list[dict]:
-    """Greedy all-pairs selection: every pair of values of any two factors appears in at least one case."""
-    names = list(factors)
-
-    def pair(a, i, b, j):  # a pair of (factor, value index), in factor order
-        return (a, i, b, j) if names.index(a) < names.index(b) else (b, j, a, i)
-
-    uncovered = {pair(a, i, b, j) for a, b in itertools.combinations(names, 2)
-                 for i in range(len(factors[a])) for j in range(len(factors[b]))}
-    rng, cases = random.Random(seed), []
-    while uncovered:
-        a, i, b, j = rng.choice(sorted(uncovered))
-        case = {a: i, b: j}
-        for name in rng.sample(names, len(names)):
-            if name not in case:  # the value completing the most uncovered pairs with the factors chosen so far
-                case[name] = max(range(len(factors[name])), key=lambda v, name=name: (
-                    sum(pair(n, case[n], name, v) in uncovered for n in case), rng.random()))
-        uncovered -= {pair(a, case[a], b, case[b]) for a, b in itertools.combinations(names, 2)}
-        cases.append({name: factors[name][case[name]] for name in names})
-    return cases
 
 
 # Activation sets: (direction 0, direction 1, alpha, beta). Lower-case names test onnxruntime's case rules.
@@ -210,7 +193,7 @@ def test_matrix_against_onnxruntime(param):
     op, _, case = param
     model, feeds = build_case(op, case)
     module = check(model, feeds)
-    fast = recurrent_modules(module)
+    fast = fast_path_modules(module)
     assert len(fast) == int(expect_fast(op, case)), (case, module)
     assert all(type(m) is TORCH_MODULES[op] for m in fast)
 
@@ -242,7 +225,7 @@ def test_random_sweep(param):
     op, index, case = param
     model, feeds = build_case(op, case, seed=100 + index)
     module = check(model, feeds)
-    assert len(recurrent_modules(module)) == int(expect_fast(op, case))
+    assert len(fast_path_modules(module)) == int(expect_fast(op, case))
     for want, got in zip(run_onnxruntime(model, feeds), run_node(model.graph.node[0], all_values(model, feeds)),
                          strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, strict=True)
@@ -387,7 +370,7 @@ def test_float64_against_reference(op, attrs, fast, layout):
     model, feeds = build(op, direction="bidirectional", attrs=attrs, layout=layout, initial=True, lens=[5, 0, 3],
                          peepholes="random" if "clip" in attrs else None, dtype=np.float64)
     module = onnx2torch_rnn.convert(model)
-    assert len(recurrent_modules(module)) == int(fast)
+    assert len(fast_path_modules(module)) == int(fast)
     actual = run_torch(module, model, feeds)
     expected = run_node(model.graph.node[0], all_values(model, feeds))
     for got, want in zip(actual, expected, strict=True):
@@ -459,7 +442,7 @@ def test_bfloat16_computed_in_float32(op, attrs):
 def test_fast_path_only_where_exact(op, kwargs, fast):
     model, feeds = build(op, direction="bidirectional", initial=True, lens=[5, 0, 2], **kwargs)
     module = check(model, feeds)
-    assert len(recurrent_modules(module)) == int(fast)
+    assert len(fast_path_modules(module)) == int(fast)
     assert ("path=fast" if fast else "path=exact") in str(module)
 
 
@@ -537,7 +520,7 @@ def test_gradients_reach_every_parameter(op, attrs, fast):
     model, feeds = build(op, direction="bidirectional", attrs=attrs, initial=True, lens=[5, 0, 3],
                          peepholes="random" if op == "LSTM" and not fast else None)
     module = onnx2torch_rnn.convert(model)
-    assert len(recurrent_modules(module)) == int(fast)
+    assert len(fast_path_modules(module)) == int(fast)
     outputs = module(*(torch.from_numpy(v) for v in feeds.values()))
     sum(o.square().sum() for o in outputs).backward()
     parameters = dict(module.named_parameters())

@@ -10,7 +10,7 @@ from onnx.reference import ReferenceEvaluator
 import onnx2torch_rnn
 from onnx2torch_rnn.converters.reduce import REDUCE_OPS
 from onnx2torch_rnn.modules.shape import Reduce
-from tests.helpers import check, helper, initializers_to_inputs, make_model, run_torch
+from tests.helpers import check, helper, initializers_to_inputs, make_model, parametrize_pairwise, run_torch
 
 F32, I64 = np.float32, np.int64
 OPS = list(REDUCE_OPS)
@@ -49,10 +49,8 @@ def reduce_model(op, opset, axes, keepdims, dtype=F32, noop=None, runtime=False,
     return model, {"x": data(op, dtype, shape), **moved}
 
 
-@pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("opset", [11, 13, 18, 28])  # 28: ReduceLogSum(Exp)-28, ReduceMax/Min-20
-@pytest.mark.parametrize("axes", [None, [0], [-1], [0, 2], [2, -2]])
-@pytest.mark.parametrize("keepdims", [0, 1])
+@parametrize_pairwise(op=OPS, opset=[11, 13, 18, 28],  # 28: ReduceLogSum(Exp)-28, ReduceMax/Min-20
+                      axes=[None, [0], [-1], [0, 2], [2, -2]], keepdims=[0, 1])
 def test_reduce(op, opset, axes, keepdims):
     model, feeds = reduce_model(op, opset, axes, keepdims)
     gm = check(model, feeds)
@@ -63,9 +61,8 @@ def test_reduce(op, opset, axes, keepdims):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("axes", [None, [1], [0, 2]])
 def test_reduce_first_version(op, axes):
-    """Opset 7: the version-1 schema (non-negative axes). Built at 9 for IR 4 (IR 3 needs initializers as inputs)."""
-    model, feeds = reduce_model(op, 9, axes, 1)
-    model.opset_import[0].version = 7
+    """Opset 7: the version-1 schema (non-negative axes)."""
+    model, feeds = reduce_model(op, 7, axes, 1)
     check(model, feeds)
 
 

@@ -15,6 +15,7 @@ from tests.helpers import (
     helper,
     initializers_to_inputs,
     make_model,
+    parametrize_pairwise,
     random_inputs,
     run_onnxruntime,
     run_torch,
@@ -24,18 +25,9 @@ F32, I64 = np.float32, np.int64
 RNG = np.random.default_rng(0)
 
 
-def make(nodes, inputs, outputs, consts=None, opset=17):
-    """make_model, but below opset 9 built at 9 and relabelled: make_model picks IR 3 there, where every initializer
-    must also be a graph input. The ops tested below opset 9 have the same schema at 9 (onnxruntime still checks the
-    types against the real opset)."""
-    model = make_model(nodes, inputs, outputs, consts, opset=max(opset, 9))
-    model.opset_import[0].version = opset
-    return model
-
-
 def run(nodes, inputs, outputs, opset, consts=None, runtime=False, feeds=None, **tolerance):
     """Build, optionally turn every initializer into a graph input (the run-time path), compare with onnxruntime."""
-    model = make(nodes, inputs, outputs, consts, opset)
+    model = make_model(nodes, inputs, outputs, consts, opset)
     moved = {}
     if runtime:
         model, moved = initializers_to_inputs(model)
@@ -66,7 +58,7 @@ def module_of(gm, cls):
 
 
 def refuses(nodes, inputs, outputs, opset, attribute, consts=None):
-    model = make(nodes, inputs, outputs, consts, opset=opset)
+    model = make_model(nodes, inputs, outputs, consts, opset=opset)
     with pytest.raises(UnsupportedAttributeError, match=attribute):
         onnx2torch_rnn.convert(model)
 
@@ -237,7 +229,7 @@ def test_split_with_one_output(opset, split, runtime):
         run(nodes, [("x", F32, [1, 4])], ["y"], opset, consts)
     else:
         consts["x"] = RNG.standard_normal((1, 4)).astype(F32)
-        model = make([*nodes, node("Relu", ["y"], ["z"])], [("w", F32, [4])], ["z"], consts, opset)
+        model = make_model([*nodes, node("Relu", ["y"], ["z"])], [("w", F32, [4])], ["z"], consts, opset)
         check(model)
 
 
@@ -473,10 +465,8 @@ def test_constant_of_shape_feeds_an_op():
     run(nodes, [("x", F32, ["N", 3])], ["y"], 13)
 
 
-@pytest.mark.parametrize("opset", [9, 22, 25])
-@pytest.mark.parametrize("shape", [[3, 3], [2, 5], [4, 2]])
-@pytest.mark.parametrize("k", [0, 1, -2, 7])
-@pytest.mark.parametrize("dtype", [None, TensorProto.FLOAT, TensorProto.INT64, TensorProto.DOUBLE])  # no bool in ORT
+@parametrize_pairwise(opset=[9, 22, 25], shape=[[3, 3], [2, 5], [4, 2]], k=[0, 1, -2, 7],
+                      dtype=[None, TensorProto.FLOAT, TensorProto.INT64, TensorProto.DOUBLE])  # no bool in ORT
 def test_eye_like(opset, shape, k, dtype):
     attrs = {"k": k} | ({} if dtype is None else {"dtype": dtype})
     run([node("EyeLike", ["x"], **attrs)], [("x", np.int32, shape)], ["y"], opset)
@@ -491,10 +481,7 @@ ONE_HOT_TYPES = [(I64, I64, F32), (I64, np.int32, F32), (np.int32, F32, F32), (F
                  (I64, I64, I64)]
 
 
-@pytest.mark.parametrize("opset", [9, 11, 28])
-@pytest.mark.parametrize("axis", [-1, 0, 1, -2])
-@pytest.mark.parametrize("types", ONE_HOT_TYPES)
-@pytest.mark.parametrize("runtime", [False, True])
+@parametrize_pairwise(opset=[9, 11, 28], axis=[-1, 0, 1, -2], types=ONE_HOT_TYPES, runtime=[False, True])
 def test_one_hot(opset, axis, types, runtime):
     index_type, depth_type, value_type = types
     indices = np.array([[0, 3, -1], [-4, 2, 9]], index_type)  # 9 is out of range: all off values

@@ -14,6 +14,7 @@ import torch
 import onnx2torch_rnn
 from onnx2torch_rnn.checking import run_onnxruntime, runtime_inputs
 from onnx2torch_rnn.recurrent import Recurrent
+from tests.helpers import recurrent_modules
 
 MODELS = Path(__file__).parent.parent / "models"
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
@@ -38,10 +39,6 @@ def has_float16(model: onnx.ModelProto) -> bool:
             or any(v.type.tensor_type.elem_type == half for v in (*model.graph.input, *model.graph.output))
             or any(a.name == "to" and a.i == half for n in model.graph.node if n.op_type == "Cast"
                    for a in n.attribute))
-
-
-def recurrent_modules(module: torch.nn.Module) -> list[Recurrent]:
-    return [m for m in module.modules() if isinstance(m, Recurrent)]
 
 
 def _as_torch(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:

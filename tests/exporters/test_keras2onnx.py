@@ -17,8 +17,8 @@ from tests.exporters.common import (
     check_exported,
     manifest_input_sets,
     read_manifest,
-    recurrent_modules,
 )
+from tests.helpers import recurrent_modules
 
 FOLDER = MODELS / "patterns"
 MANIFEST = read_manifest(FOLDER)

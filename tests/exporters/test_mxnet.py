@@ -24,8 +24,8 @@ from tests.exporters.common import (
     framework_reference,
     manifest_input_sets,
     read_manifest,
-    recurrent_modules,
 )
+from tests.helpers import recurrent_modules
 
 FOLDER = MODELS / "patterns"
 MANIFEST = read_manifest(FOLDER)

@@ -25,7 +25,7 @@ from tests.exporters.common import (
     manifest_input_sets,
     read_manifest,
 )
-from tests.test_dequantize import assert_float_only
+from tests.helpers import assert_float_only
 
 FOLDER = MODELS / "quantized"
 MANIFEST = read_manifest(FOLDER)

@@ -21,8 +21,8 @@ from tests.exporters.common import (
     check_exported,
     manifest_input_sets,
     read_manifest,
-    recurrent_modules,
 )
+from tests.helpers import recurrent_modules
 
 FOLDER = MODELS / "keras"
 MANIFEST = read_manifest(FOLDER)

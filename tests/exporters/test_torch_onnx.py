@@ -19,8 +19,8 @@ from tests.exporters.common import (
     has_float16,
     manifest_input_sets,
     read_manifest,
-    recurrent_modules,
 )
+from tests.helpers import recurrent_modules
 
 FOLDER = MODELS / "torch"
 MANIFEST = read_manifest(FOLDER)
