@@ -40,6 +40,7 @@ from torch import fx, nn
 from .builder import build, sanitize
 from .errors import Onnx2TorchError
 from .loading import ModelSource, load_model
+from .torch_compat import buffer_dict, fx_builtin_imports, parameter_dict
 
 CODE_FILE, WEIGHTS_FILE, PROGRAM_FILE = "model.py", "weights.pt", "model.pt2"
 LITERAL_MAX_ELEMENTS = 8  # tensor arguments up to this size are written out; larger ones become placeholders
@@ -264,24 +265,25 @@ class _Writer:
                                                                          else "")
             body.append(_wrap(f"self.{child_name} = ", self.module(child, f"{where}.{child_name}"), comment))
         self._namespace("torch")
-        for tensor_name, tensor in [*gm._parameters.items(), *gm._buffers.items()]:
+        parameters = parameter_dict(gm)
+        for tensor_name, tensor in [*parameters.items(), *buffer_dict(gm).items()]:
             if tensor is None:
                 continue
             dtype = "" if tensor.dtype == torch.float32 else f", dtype={tensor.dtype}"
             empty = f"torch.empty({_sizes(tensor.shape)}{dtype}, device='meta')"
-            if tensor_name in gm._parameters:
+            if tensor_name in parameters:
                 frozen = "" if tensor.requires_grad else ", requires_grad=False"
                 body.append(f"self.{tensor_name} = {self._namespace('nn')}.Parameter({empty}{frozen})")
             else:
                 body.append(f"self.register_buffer({tensor_name!r}, {empty})")
         code = gm.graph.python_code(root_module="self")
         used = set(re.findall(r"\b\w+\b", code.src))
-        fx_builtins = fx.graph._custom_builtins
+        fx_builtins = fx_builtin_imports()
         for global_name, obj in code.globals.items():
             if global_name not in used:
                 continue
             if global_name in fx_builtins:
-                statement = fx_builtins[global_name].import_str
+                statement = fx_builtins[global_name]
                 if statement.startswith(("import ", "from ")):
                     self.imports.setdefault(global_name, statement)
                 elif statement not in self.assignments:

@@ -19,6 +19,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..torch_compat import buffer_dict, flat_weight_names, parameter_dict
 from . import kernel, op
 from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
 from .runtime import recurrent
@@ -31,7 +32,7 @@ class FastWeights:
     attributes, which would replace a dict with a copy; this object is a pytree leaf and stays itself."""
 
     def __init__(self, rnn: nn.RNNBase):
-        self.parameters, self.names = rnn._parameters, tuple(rnn._flat_weights_names)
+        self.parameters, self.names = parameter_dict(rnn), flat_weight_names(rnn)
 
     def __call__(self) -> list[Tensor]:
         return [self.parameters[name] for name in self.names]
@@ -116,14 +117,14 @@ class Recurrent(nn.Module):
         if self.fast:
             weights = self._fast_weights()
         else:
-            own = self._parameters
+            own = parameter_dict(self)
             weights = [given if own[name] is None else own[name] for name, given in (("W", W), ("R", R), ("B", B),
                                                                                      ("P", P))]
         compiling = torch.compiler.is_compiling()  # Dynamo tracing or torch.export
         differentiable = torch.is_grad_enabled() and self._needs_grad(X, weights, initial_h, initial_c)
         if compiling or (not differentiable and X.is_cpu and kernel.loaded() and not torch.jit.is_tracing()):
             # one op: the native kernel on CPU; while compiling, one graph node with dynamic batch and length
-            lens = self._buffers["static_lens"] if sequence_lens is None else sequence_lens
+            lens = buffer_dict(self)["static_lens"] if sequence_lens is None else sequence_lens
             outputs = op.run(X, [w for w in weights if w is not None], self.op_config, lens, initial_h, initial_c,
                              mask, differentiable, self.config.outputs)
         else:
