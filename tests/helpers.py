@@ -95,13 +95,15 @@ def check(
     rtol: float = 1e-4,
     atol: float = 1e-5,
     seed: int = 0,
+    fuse: bool = True,
 ) -> torch.fx.GraphModule:
-    """Convert ``model``, run it and onnxruntime on ``inputs`` (random if None), compare every output.
+    """Convert ``model`` (``fuse``: with recognition), run it and onnxruntime on ``inputs`` (random if None), compare
+    every output.
 
     Returns the converted module so tests can assert more (e.g. which modules were used).
     """
     feeds = random_inputs(model, seed) if inputs is None else dict(inputs)
-    module = onnx2torch_rnn.convert(model)
+    module = onnx2torch_rnn.convert(model, fuse=fuse)
     expected = run_onnxruntime(model, feeds)
     actual = run_torch(module, model, feeds)
     names = [o.name for o in model.graph.output]

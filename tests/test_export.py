@@ -101,7 +101,8 @@ def test_bundled_example_exports_and_reloads():
 @pytest.mark.parametrize("pattern", list(PATTERNS))
 def test_shape_arithmetic(pattern, mode):
     model = pattern_model(pattern)
-    gm = check(model, {"x": x_of(3, 4).numpy()})  # eager against onnxruntime
+    # as written: recognition would drop the zero state (its shape computation is what this test compiles)
+    gm = check(model, {"x": x_of(3, 4).numpy()}, fuse=False)  # eager against onnxruntime
     assert any(isinstance(module, m.FromShapes) for module in gm.modules())
     backend = CountingBackend()
     if mode == "compile":

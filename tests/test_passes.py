@@ -24,8 +24,10 @@ MANIFEST = read_manifest(TORCH)
 EXAMPLE = MODELS.parent.parent / "examples" / "bilstm_tagger.onnx"
 # torch.onnx (TorchScript) models whose recurrent nodes all become one module: every stacked case but the packed
 # sequences (PackedSequence sorting is another pattern) and a float16 model whose Casts sit between the layers.
-STACKED = [m for m in MANIFEST["models"] if m["exporter"] == "torchscript" and not m["case"].startswith("packed_")
-           and m["case"] not in ("lstm_l2_fp16_blocked", "lstm_bi_fp16_weights", "seq2seq")]
+# dynamo's stacks too, except nn.RNN, which dynamo unrolls into MatMul/Add/Tanh (another pattern).
+STACKED = [m for m in MANIFEST["models"] if not m["case"].startswith("packed_") and not m["case"].startswith("rnn_")
+           and m["case"] not in ("lstm_l2_fp16_blocked", "lstm_bi_fp16_weights", "seq2seq")] + [
+    m for m in MANIFEST["models"] if m["exporter"] == "torchscript" and m["case"].startswith("rnn_")]
 
 
 def fused(module: torch.fx.GraphModule) -> list[dict]:
@@ -56,11 +58,18 @@ def test_torch_onnx_layers_and_glue_become_one_module(entry):
     module = onnx2torch_rnn.convert(model)
     (fusion,) = fused(module)
     assert set(layers) <= set(fusion["replaces"]) and fusion["pattern"] == "stacked_layers"
-    scope = layers[0].rsplit("/", 1)[0] + "/"  # e.g. /lstm/: the nodes torch.onnx wrote for the nn.LSTM
-    remaining = [n.meta["onnx"] for n in module.graph.nodes if "onnx" in n.meta]
-    # the Casts of a float16 model's outputs stay: they are its computation, not glue
-    assert [m["name"] for m in remaining if m["name"].startswith(scope) and m["op_type"] != "Cast"] == [
-        fusion["name"]]
+    # nothing outside the fused module reads a layer's output but the last's (dynamo's final Reshape to a constant
+    # shape is not the merge of directions), and the zero initial states are gone
+    produced = {o for n in model.graph.node if n.name in layers[:-1] for o in n.output}
+    assert not [n for n in module.graph.nodes if set(n.meta.get("onnx_values", {}).get("inputs", ())) & produced]
+    assert not {"ConstantOfShape", "Expand"} & {n.meta["onnx"]["op_type"] for n in module.graph.nodes
+                                                if "onnx" in n.meta}
+    if entry["exporter"] == "torchscript":  # whose node names say which nodes it wrote for the nn.LSTM: /lstm/...
+        scope = layers[0].rsplit("/", 1)[0] + "/"
+        remaining = [n.meta["onnx"] for n in module.graph.nodes if "onnx" in n.meta]
+        # the Casts of a float16 model's outputs stay: they are its computation, not glue
+        assert [m["name"] for m in remaining if m["name"].startswith(scope) and m["op_type"] != "Cast"] == [
+            fusion["name"]]
     assert sum(isinstance(m, Recurrent) for m in module.modules()) == len(layers)
     for feeds in manifest_input_sets(TORCH, entry, MANIFEST["sizes"]):
         assert_matches_onnxruntime(module, model, feeds)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from ..errors import ConversionError
 from ..loading import LoadedModel
 from ..node import Converted
 
@@ -163,12 +164,16 @@ def recognise(loaded: LoadedModel, patterns: Sequence[str] | None = None) -> Rec
     taken: set[int] = set()  # ids of nodes already replaced by an earlier fusion
     accepted: list[Fusion] = []
     for name in _PATTERNS if patterns is None else patterns:
-        for fusion in _PATTERNS[name](view):
-            ids = {id(n) for n in fusion.nodes}
-            if ids & taken or not _self_contained(view, fusion) or not _acyclic(view, fusion):
-                continue
-            taken |= ids
-            accepted.append(fusion)
+        try:
+            for fusion in _PATTERNS[name](view):
+                ids = {id(n) for n in fusion.nodes}
+                if ids & taken or not _self_contained(view, fusion) or not _acyclic(view, fusion):
+                    continue
+                taken |= ids
+                accepted.append(fusion)
+        except Exception as error:  # a pattern's bug must not hide behind a model it cannot read
+            raise ConversionError("<recognition>", f"pattern {name}", f"{type(error).__name__}: {error} (convert with "
+                                  "fuse=False, or --no-fuse, to convert the graph as written)") from error
     if not accepted:
         return Recognised(view.nodes)
     return _rewrite(view, accepted)

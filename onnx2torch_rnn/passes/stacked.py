@@ -88,12 +88,42 @@ def _merge(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] |
     first = view.only_consumer(layer.node.output[0]) if layer.node.output else None
     if layer.directions == 1 and _op(first, "Squeeze") and _axes(view, first, 1) in ([1], [-3]):
         return first.output[0], [first]
-    if _op(first, "Transpose") and attribute(first, "perm") == [0, 2, 1, 3]:
-        second = view.only_consumer(first.output[0])
-        if (_op(second, "Reshape") and view.ints(_input(second, 1)) == [0, 0, -1]
-                and not attribute(second, "allowzero", 0)):
-            return second.output[0], [first, second]
+    if not (_op(first, "Transpose") and attribute(first, "perm") == [0, 2, 1, 3]):
+        return None
+    readers = view.consumers.get(first.output[0], [])
+    second = next((r for r in readers if _op(r, "Reshape") and r.input[0] == first.output[0]), None)
+    if second is None:
+        return None
+    target = view.ints(_input(second, 1))
+    if target == [0, 0, -1] and not attribute(second, "allowzero", 0) and len(readers) == 1:  # TorchScript exporter
+        return second.output[0], [first, second]
+    # dynamo computes the target from the Transpose's own shape: proven [T, N, D*H], its nodes go with the glue
+    x = layer.node.input[0]
+    merged = [_dim(view, x, 0), _dim(view, x, 1), layer.directions * layer.hidden]
+    shape_nodes = _computing(view, second.input[1], first.output[0])
+    if (target is None and shape_nodes is not None and None not in merged
+            and _shape_vector(view, second.input[1]) == merged):
+        return second.output[0], [first, second, *shape_nodes]
     return None
+
+
+_SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Mul", "Constant")
+
+
+def _computing(view: GraphView, name: str, source: str) -> list[onnx.NodeProto] | None:
+    """The nodes that compute shape value ``name`` from value ``source`` and constants, if only shape ops do."""
+    found: dict[int, onnx.NodeProto] = {}
+    pending = [name]
+    while pending:
+        value = pending.pop()
+        node = view.producer.get(value)
+        if value == source or view.is_weight(value) or (node is not None and id(node) in found):
+            continue
+        if node is None or not any(_op(node, op) for op in _SHAPE_OPS):
+            return None
+        found[id(node)] = node
+        pending += [v for v in node.input if v]
+    return list(found.values())
 
 
 def _slice(view: GraphView, node: onnx.NodeProto) -> tuple[int, int] | None:
@@ -114,70 +144,120 @@ def _slice(view: GraphView, node: onnx.NodeProto) -> tuple[int, int] | None:
     return starts[0], ends[0]
 
 
-def _same_shape_source(view: GraphView, name: str) -> str:
-    """The value that ``name`` has the shape of, through Casts and Identities (which keep shapes)."""
+# ops whose first output has their first input's shape
+_SAME_SHAPE = ("Cast", "Identity", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "Gelu", "Abs", "Neg", "Exp", "Log",
+               "Sqrt", "Softmax", "LogSoftmax", "LayerNormalization", "Dropout")
+
+
+def _rank(view: GraphView, name: str) -> int | None:
     node = view.producer.get(name)
-    while _op(node, "Cast") or _op(node, "Identity"):
-        name = node.input[0]
+    if _op(node, "Transpose") and attribute(node, "perm") is not None:
+        return len(attribute(node, "perm"))
+    if node is not None and node.op_type in RECURRENT and node.output[0] == name:
+        return 4
+    shape = view.shape(name)
+    return None if shape is None else len(shape)
+
+
+def _dim(view: GraphView, name: str, axis: int):
+    """Dim ``axis`` of value ``name`` in canonical form: an int where the graph fixes it, else (value, axis) of the
+    earliest value with that same dim, through shape-keeping ops (Cast, activations, LayerNormalization, ...),
+    Transposes, Reshapes to a proven shape, Gathers on axis 0 (their indices' dims come first) and recurrent nodes
+    (Y [T, D, N, H] of X [T, N, I]), so two dims are provably equal when their canonical forms are."""
+    node = view.producer.get(name)
+    while True:
+        if any(_op(node, op) for op in _SAME_SHAPE) and node.output[0] == name:
+            name = node.input[0]
+        elif _op(node, "Reshape") and view.opset(node) >= 5:
+            target = _shape_vector(view, node.input[1])
+            wanted = None if target is None or axis >= len(target) else target[axis]
+            if wanted == 0 and not attribute(node, "allowzero", 0):  # 0 copies the input's dim
+                name = node.input[0]
+            else:
+                return wanted if isinstance(wanted, tuple) or (isinstance(wanted, int) and wanted > 0) else None
+        elif _op(node, "Transpose") and attribute(node, "perm") is not None and axis < len(attribute(node, "perm")):
+            name, axis = node.input[0], attribute(node, "perm")[axis]
+        elif _op(node, "Gather") and attribute(node, "axis", 0) == 0 and axis < (_rank(view, node.input[1]) or 0):
+            name = node.input[1]  # an embedding lookup: out[n, t, :] = data[indices[n, t]], indices' dims first
+        elif node is not None and node.op_type in RECURRENT and node.domain in _NORMAL and node.output[0] == name \
+                and attribute(node, "layout", 0) == 0:
+            layer = _layer(view, node)
+            if layer is None or axis not in (0, 2):
+                return {1: layer.directions, 3: layer.hidden}.get(axis) if layer is not None else None
+            name, axis = node.input[0], axis // 2
+        else:
+            return name, axis
         node = view.producer.get(name)
-    return name
-
-
-def _dim(view: GraphView, name: str) -> tuple[str, int] | None:
-    """(value, axis) when ``name`` is one dim of a value's shape: Gather(Shape(value), k), as a scalar or [k]."""
-    gather = view.producer.get(name)
-    if not _op(gather, "Gather") or attribute(gather, "axis", 0) != 0:
-        return None
-    index = view.ints(_input(gather, 1))
-    shape = view.producer.get(_input(gather, 0))
-    if index is None or len(index) != 1 or index[0] < 0 or not _op(shape, "Shape"):
-        return None
-    start, end = attribute(shape, "start", 0), attribute(shape, "end")
-    if start < 0 or (end is not None and (end < 0 or start + index[0] >= end)):
-        return None
-    return _same_shape_source(view, shape.input[0]), start + index[0]
 
 
 def _shape_vector(view: GraphView, name: str) -> list | None:
-    """A 1-D shape value as a list of ints and (value, axis) dims, when it is built from constants and dims."""
+    """A 1-D shape value as a list of canonical dims (``_dim``), when it is built from constants, Shape, Gather,
+    Slice, Unsqueeze, Concat, Reshape and Mul of such values (what exporters compute shapes with)."""
     constant = view.ints(name)
     if constant is not None:
         return constant
     node = view.producer.get(name)
-    if _op(node, "Concat") and attribute(node, "axis") == 0:
-        parts = [_shape_vector(view, part) for part in node.input]
+    if _op(node, "Shape"):
+        rank = _rank(view, node.input[0])
+        start, end = attribute(node, "start", 0), attribute(node, "end")
+        if rank is None or (end is None and start < 0):
+            return None
+        return [_dim(view, node.input[0], k) for k in range(rank)[start:end]]
+    if _op(node, "Concat") and attribute(node, "axis") in (0, -1):
+        parts = [_shape_vector(view, part) or _unknown(view, part) for part in node.input]
         return None if any(p is None for p in parts) else [d for p in parts for d in p]
-    unsqueeze = _op(node, "Unsqueeze") and _axes(view, node, 1) == [0]
-    gathered = node.input[0] if unsqueeze else name  # a dim as a scalar made 1-D, or gathered as [k]
-    dim = _dim(view, gathered)
-    if dim is None:
-        return None
-    index = view.constant(_input(view.producer[gathered], 1))
-    return [dim] if index.ndim == (0 if unsqueeze else 1) else None
+    if _op(node, "Gather") and attribute(node, "axis", 0) == 0:
+        vector, index = _shape_vector(view, node.input[0]), view.constant(_input(node, 1))
+        if vector is None or index is None or index.size != 1 or not -len(vector) <= int(index) < len(vector):
+            return None
+        return [vector[int(index)]]  # a scalar when the index is one: the caller's Unsqueeze makes it 1-D again
+    if _op(node, "Slice") and view.opset(node) >= 10:
+        vector, rows = _shape_vector(view, node.input[0]), _slice(view, node)
+        return None if vector is None or rows is None else vector[rows[0]:rows[1]]
+    if (_op(node, "Unsqueeze") and _axes(view, node, 1) == [0]) or (
+            _op(node, "Reshape") and view.ints(_input(node, 1)) in ([-1], [1])):
+        vector = _shape_vector(view, node.input[0])
+        return vector if vector is not None and len(vector) == 1 else None
+    if _op(node, "Mul"):
+        a, b = (_shape_vector(view, part) for part in node.input)
+        if a and b and len(a) == len(b) == 1 and isinstance(a[0], int) and isinstance(b[0], int):
+            return [a[0] * b[0]]
+    return None
 
 
-def _zeros(view: GraphView, name: str, layer: _Layer, batch: set[tuple[str, int]]) -> bool:
-    """Whether ``name`` is all zeros of shape [D, N, H], N one of the ``batch`` dims, in the weights' type."""
+def _unknown(view: GraphView, name: str) -> list | None:
+    """A 1-D value of statically known length whose elements are not known: as many Nones (never equal to a dim)."""
+    shape = view.shape(name)
+    return [None] * shape[0] if shape is not None and len(shape) == 1 and isinstance(shape[0], int) else None
+
+
+def _zeros(view: GraphView, name: str, layer: _Layer, batch) -> bool:
+    """Whether ``name`` is all zeros of shape [D, N, H] in the weights' type, N the ``batch`` dim: ConstantOfShape,
+    or a zero constant Expanded to a shape, optionally sliced along the first axis."""
     node, rows = view.producer.get(name), None
     if _op(node, "Slice"):
         rows = _slice(view, node)
         node = view.producer.get(node.input[0]) if rows is not None else None
-    if not _op(node, "ConstantOfShape"):
+    if _op(node, "ConstantOfShape"):
+        value = attribute(node, "value")
+        dtype = value.data_type if value is not None else onnx.TensorProto.FLOAT
+        zero = value is None or (not onnx.numpy_helper.to_array(value).any() and list(value.dims) in ([], [1]))
+    elif _op(node, "Expand") and view.is_weight(node.input[0]):  # broadcast of a [] or [1] zero: the shape given
+        value = view.constant(node.input[0])
+        dtype = view.elem_type(node.input[0])
+        zero = value is not None and value.size == 1 and value.ndim <= 1 and not value.any()
+    else:
         return False
-    value = attribute(node, "value")
-    dtype = value.data_type if value is not None else onnx.TensorProto.FLOAT
-    if value is not None and (onnx.numpy_helper.to_array(value).any() or list(value.dims) not in ([], [1])):
+    if not zero or dtype != view.elem_type(layer.node.input[1]):
         return False
-    if dtype != view.elem_type(layer.node.input[1]):
-        return False
-    shape = _shape_vector(view, node.input[0])
+    shape = _shape_vector(view, node.input[1] if node.op_type == "Expand" else node.input[0])
     if shape is None or len(shape) != 3 or not isinstance(shape[0], int) or shape[2] != layer.hidden:
         return False
     count = shape[0] if rows is None else len(range(shape[0])[rows[0]:rows[1]])
-    return count == layer.directions and shape[1] in batch
+    return count == layer.directions and batch is not None and shape[1] == batch
 
 
-def _states(view: GraphView, stack: _Stack, layer: _Layer, batch: set[tuple[str, int]]) -> None:
+def _states(view: GraphView, stack: _Stack, layer: _Layer, batch) -> None:
     """Where each initial state of ``layer`` comes from: None for absent or proven zeros, else rows of a source."""
     for index in (5, 6) if layer.node.op_type == "LSTM" else (5,):
         name = _input(layer.node, index)
@@ -216,6 +296,7 @@ def _input_out(node: onnx.NodeProto, index: int) -> str:
 
 def _find(view: GraphView, first: _Layer) -> _Stack | None:
     stack = _Stack(first.node.op_type, [first], [], first.node.input[0])
+    value = None  # the last merged output
     while True:
         merge = _merge(view, stack.layers[-1])
         if merge is None:
@@ -230,15 +311,14 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
             break
         stack.layers.append(layer)
 
-    y = stack.nodes[-1].output[0] if stack.merge_output else _input_out(stack.layers[-1].node, 0)
+    y = value if stack.merge_output else _input_out(stack.layers[-1].node, 0)
     # time-major in front, and back after the last layer, when nothing else reads the transposed values
     transpose = view.producer.get(stack.x)
-    batch = {(_same_shape_source(view, stack.x), 1)}
-    if _op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2]:
-        batch.add((_same_shape_source(view, transpose.input[0]), 0))
-        if view.only_consumer(stack.x) is first.node:
-            stack.x, stack.batch_first = transpose.input[0], True
-            stack.nodes.append(transpose)
+    batch = _dim(view, stack.x, 1)  # the batch of every layer: the glue keeps it
+    if (_op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2]
+            and view.only_consumer(stack.x) is first.node):
+        stack.x, stack.batch_first = transpose.input[0], True
+        stack.nodes.append(transpose)
     after = view.only_consumer(y) if stack.merge_output and y else None
     if _op(after, "Transpose") and attribute(after, "perm") == [1, 0, 2]:
         y, stack.batch_first_output = after.output[0], True
