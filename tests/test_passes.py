@@ -206,3 +206,22 @@ def test_layers_whose_values_are_read_otherwise_are_not_stacked(change):
     # the second layer may still be fused on its own (its zero states then unproven: built from the model's input)
     assert all(len(stack.layers) == 1 for stack in stacks(module))
     assert_matches_onnxruntime(module, model, feeds_for(model))
+
+
+@pytest.mark.parametrize("entry", [m for m in MANIFEST["models"] if m["case"].startswith("packed_")],
+                         ids=lambda m: m["case"])
+def test_packed_sequences_lose_their_sorting(entry):
+    model = onnx.load(TORCH / entry["file"])
+    module = onnx2torch_rnn.convert(model)
+    (fusion,) = fused(module)
+    sorting = {n.name for n in model.graph.node if n.op_type in ("TopK", "ScatterElements")}
+    assert bool(sorting) == ("unsorted" in entry["case"]) and sorting <= set(fusion["replaces"])
+    if sorting:  # what is left is the recurrence: x and the lengths go in as the caller gives them
+        assert top_level_modules(module) == [StackedRecurrent]
+    (stack,) = stacks(module)
+    assert stack.lengths  # the caller's lengths, unsorted: the runtime takes them as they are
+    sets = manifest_input_sets(TORCH, entry, MANIFEST["sizes"], seed=1)
+    time = sets[-1]["x"].shape[1]
+    sets.append({**sets[-1], "lengths": np.minimum(sets[-1]["lengths"], time - 2)})
+    for feeds in sets:
+        assert_matches_onnxruntime(module, model, feeds)

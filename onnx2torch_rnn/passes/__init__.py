@@ -166,10 +166,13 @@ def recognise(loaded: LoadedModel, patterns: Sequence[str] | None = None) -> Rec
     for name in _PATTERNS if patterns is None else patterns:
         try:
             for fusion in _PATTERNS[name](view):
-                ids = {id(n) for n in fusion.nodes}
-                if ids & taken or not _self_contained(view, fusion) or not _acyclic(view, fusion):
+                if {id(n) for n in fusion.nodes} & taken:
                     continue
-                taken |= ids
+                fusion.name = fusion.nodes[0].name or fusion.op_type  # after its first node (the pattern's main one)
+                _absorb_feeders(view, fusion, taken)
+                if not _self_contained(view, fusion) or not _acyclic(view, fusion):
+                    continue
+                taken |= {id(n) for n in fusion.nodes}
                 accepted.append(fusion)
         except Exception as error:  # a pattern's bug must not hide behind a model it cannot read
             raise ConversionError("<recognition>", f"pattern {name}", f"{type(error).__name__}: {error} (convert with "
@@ -217,12 +220,11 @@ def _rewrite(view: GraphView, fusions: list[Fusion]) -> Recognised:
     for fusion in fusions:
         taken_names -= {n.name for n in fusion.nodes}  # a replaced node's name is free again
     for fusion in fusions:
-        base = fusion.nodes[0].name or fusion.op_type  # named after its first node (a pattern's main node)
-        fusion.name, n = base, 1
+        base = fusion.name
+        n = 1
         while fusion.name in taken_names:
             fusion.name, n = f"{base}_{n}", n + 1
         taken_names.add(fusion.name)
-        _absorb_feeders(view, fusion, replaced)
         node = onnx.helper.make_node(fusion.op_type.replace(" ", "_"), fusion.inputs,
                                      [o or "" for o in fusion.outputs], name=fusion.name, domain=FUSION_DOMAIN)
         for member in fusion.nodes:
@@ -247,9 +249,9 @@ def _rewrite(view: GraphView, fusions: list[Fusion]) -> Recognised:
     return recognised
 
 
-def _absorb_feeders(view: GraphView, fusion: Fusion, replaced: dict[int, Fusion]) -> None:
+def _absorb_feeders(view: GraphView, fusion: Fusion, replaced: set[int]) -> None:
     """Add to the fusion the nodes that only fed it (zero states built from Shape/ConstantOfShape, the Constants of
-    its glue): once it is fused, nothing else reads them."""
+    its glue): once it is fused, nothing else reads them. ``replaced``: nodes of earlier fusions."""
     inside = {id(n) for n in fusion.nodes}
     needed = set(fusion.inputs)
     changed = True

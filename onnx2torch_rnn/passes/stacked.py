@@ -21,6 +21,7 @@ import onnx
 
 from ..node import Converted
 from . import Fusion, GraphView, attribute, register_pattern
+from . import _reads as _reads_of
 
 RECURRENT = ("LSTM", "GRU", "RNN")
 _NORMAL = ("", "ai.onnx")
@@ -31,6 +32,7 @@ class _Layer:
     node: onnx.NodeProto
     directions: int
     hidden: int
+    lengths: str  # sequence_lens ('' without)
     # initial_h (5) / initial_c (6) -> None (absent or zeros) or (k, start, end): rows of the stack's k-th source
     states: dict[int, tuple[int, int | None, int | None] | None] = field(default_factory=dict)
 
@@ -44,6 +46,7 @@ class _Stack:
     batch_first: bool = False
     batch_first_output: bool = False
     merge_output: bool = False
+    lengths: str = ""  # the run-time sequence_lens every layer reads ('' without, or when it is a constant)
     sources: list[str] = field(default_factory=list)  # run-time values that initial states are taken from
     outputs: list[str | None] = field(default_factory=list)
 
@@ -62,18 +65,18 @@ def _input(node: onnx.NodeProto, index: int) -> str:
 
 
 def _layer(view: GraphView, node: onnx.NodeProto) -> _Layer | None:
-    """A recurrent node that can be a layer: constant weights, no lengths, layout 0, a known hidden size."""
+    """A recurrent node that can be a layer: constant weights, layout 0, a known hidden size."""
     if node.op_type not in RECURRENT or node.domain not in _NORMAL or not _input(node, 0):
         return None
     if not (view.is_weight(_input(node, 1)) and view.is_weight(_input(node, 2))):
         return None
-    if any(_input(node, k) and not view.is_weight(_input(node, k)) for k in (3, 7)) or _input(node, 4):
+    if any(_input(node, k) and not view.is_weight(_input(node, k)) for k in (3, 7)):
         return None
     if attribute(node, "layout", 0) != 0:
         return None
     hidden = attribute(node, "hidden_size") or (view.shape(_input(node, 2)) or [None])[-1]
     directions = 2 if attribute(node, "direction", "forward") == "bidirectional" else 1
-    return _Layer(node, directions, hidden) if isinstance(hidden, int) and hidden > 0 else None
+    return _Layer(node, directions, hidden, _input(node, 4)) if isinstance(hidden, int) and hidden > 0 else None
 
 
 def _axes(view: GraphView, node: onnx.NodeProto, index: int) -> list[int] | None:
@@ -100,7 +103,7 @@ def _merge(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] |
     # dynamo computes the target from the Transpose's own shape: proven [T, N, D*H], its nodes go with the glue
     x = layer.node.input[0]
     merged = [_dim(view, x, 0), _dim(view, x, 1), layer.directions * layer.hidden]
-    shape_nodes = _computing(view, second.input[1], first.output[0])
+    shape_nodes = _computing(view, second.input[1], first.output[0], _SHAPE_OPS)
     if (target is None and shape_nodes is not None and None not in merged
             and _shape_vector(view, second.input[1]) == merged):
         return second.output[0], [first, second, *shape_nodes]
@@ -110,8 +113,8 @@ def _merge(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] |
 _SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Mul", "Constant")
 
 
-def _computing(view: GraphView, name: str, source: str) -> list[onnx.NodeProto] | None:
-    """The nodes that compute shape value ``name`` from value ``source`` and constants, if only shape ops do."""
+def _computing(view: GraphView, name: str, source: str, ops=_SHAPE_OPS) -> list[onnx.NodeProto] | None:
+    """The nodes that compute value ``name`` from value ``source`` and constants, if only ``ops`` do."""
     found: dict[int, onnx.NodeProto] = {}
     pending = [name]
     while pending:
@@ -119,7 +122,7 @@ def _computing(view: GraphView, name: str, source: str) -> list[onnx.NodeProto] 
         node = view.producer.get(value)
         if value == source or view.is_weight(value) or (node is not None and id(node) in found):
             continue
-        if node is None or not any(_op(node, op) for op in _SHAPE_OPS):
+        if node is None or not any(_op(node, op) for op in ops):
             return None
         found[id(node)] = node
         pending += [v for v in node.input if v]
@@ -207,10 +210,10 @@ def _shape_vector(view: GraphView, name: str) -> list | None:
         parts = [_shape_vector(view, part) or _unknown(view, part) for part in node.input]
         return None if any(p is None for p in parts) else [d for p in parts for d in p]
     if _op(node, "Gather") and attribute(node, "axis", 0) == 0:
-        vector, index = _shape_vector(view, node.input[0]), view.constant(_input(node, 1))
-        if vector is None or index is None or index.size != 1 or not -len(vector) <= int(index) < len(vector):
+        vector, index = _shape_vector(view, node.input[0]), view.ints(_input(node, 1))
+        if vector is None or index is None or len(index) != 1 or not -len(vector) <= index[0] < len(vector):
             return None
-        return [vector[int(index)]]  # a scalar when the index is one: the caller's Unsqueeze makes it 1-D again
+        return [vector[index[0]]]  # a scalar when the index is one: the caller's Unsqueeze makes it 1-D again
     if _op(node, "Slice") and view.opset(node) >= 10:
         vector, rows = _shape_vector(view, node.input[0]), _slice(view, node)
         return None if vector is None or rows is None else vector[rows[0]:rows[1]]
@@ -306,7 +309,7 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
         following = view.only_consumer(value)
         layer = _layer(view, following) if following is not None else None
         if layer is None or following.op_type != stack.op_type or list(following.input).count(value) != 1 \
-                or following.input[0] != value:
+                or following.input[0] != value or layer.lengths != first.lengths:
             stack.merge_output = True
             break
         stack.layers.append(layer)
@@ -315,8 +318,10 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
     # time-major in front, and back after the last layer, when nothing else reads the transposed values
     transpose = view.producer.get(stack.x)
     batch = _dim(view, stack.x, 1)  # the batch of every layer: the glue keeps it
-    if (_op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2]
-            and view.only_consumer(stack.x) is first.node):
+    others = [r for r in view.consumers.get(stack.x, []) if r is not first.node]
+    if (_op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2] and first.node.input[0] == stack.x
+            and list(_reads_of(first.node)).count(stack.x) == 1 and stack.x not in view.graph_outputs
+            and all(_op(r, "Shape") for r in others)):  # Shapes of it: zero states, absorbed with them
         stack.x, stack.batch_first = transpose.input[0], True
         stack.nodes.append(transpose)
     after = view.only_consumer(y) if stack.merge_output and y else None
@@ -336,7 +341,84 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
                          for layer in stack.layers for k in layer.states)
     if len(stack.layers) == 1 and not stack.nodes and not dropped_states:
         return None  # nothing to gain: the node converts as it is
+    if first.lengths and not view.is_weight(first.lengths):
+        stack.lengths = first.lengths
+        _unpack(view, stack)
     return stack
+
+
+_INT32, _INT64 = onnx.TensorProto.INT32, onnx.TensorProto.INT64
+
+
+def _cast_of(view: GraphView, name: str, to: int) -> str | None:
+    """The input of a Cast to ``to`` that produces ``name``, or ``name`` itself when it already has that type."""
+    node = view.producer.get(name)
+    if _op(node, "Cast") and attribute(node, "to") == to:
+        return node.input[0]
+    return name if view.elem_type(name) == to else None
+
+
+def _unpack(view: GraphView, stack: _Stack) -> None:
+    """torch.onnx's PackedSequence around the layers: rows sorted by length (TopK of the lengths, Gather of x), the
+    outputs put back in the caller's order (Gather by the inverse permutation, built with ScatterElements of a
+    Range). The runtime takes unsorted lengths: the stack then reads x and the lengths as given, and outputs in the
+    caller's order. Proven: TopK of all n lengths (a permutation P), the layers' lengths are its sorted values, x is
+    gathered by P along the batch, and every output is read only through a Gather by Q with Q[P[i]] = i."""
+    lengths = _cast_of(view, stack.lengths, _INT32)
+    topk = view.producer.get(lengths) if lengths else None
+    if not (_op(topk, "TopK") and lengths == topk.output[0] and attribute(topk, "largest", 1) == 1
+            and attribute(topk, "axis", -1) in (0, -1) and len(topk.output) == 2) or stack.sources:
+        return
+    given = _cast_of(view, topk.input[0], _INT64)
+    if given is None or _rank(view, topk.input[0]) != 1:
+        return
+    k_nodes = _computing(view, topk.input[1], topk.input[0], _SHAPE_OPS)
+    if k_nodes is None or _shape_vector(view, topk.input[1]) != [_dim(view, topk.input[0], 0)]:
+        return
+    gather = view.producer.get(stack.x)
+    if not (stack.batch_first and _op(gather, "Gather") and attribute(gather, "axis", 0) == 0
+            and _cast_of(view, gather.input[1], _INT64) == topk.output[1]):
+        return
+    order = gather.input[1]  # P: TopK's indices (maybe through a Cast to their own type)
+    inverse, inverse_nodes = _inverse(view, order)
+    if inverse is None:
+        return
+    outputs = []
+    for index, value in enumerate(stack.outputs):
+        axis = 0 if index == 0 and stack.batch_first_output else 1
+        reader = view.only_consumer(value) if value else None
+        if value and not (_op(reader, "Gather") and reader.input == [value, inverse]
+                          and attribute(reader, "axis", 0) == axis):
+            return
+        outputs.append(reader.output[0] if value else None)
+        stack.nodes += [reader] if value else []
+    stack.nodes += [topk, gather, *k_nodes, *inverse_nodes,
+                    *(view.producer[n] for n in {stack.lengths, order, topk.input[0]} - {lengths, topk.output[1],
+                                                                                           given})]
+    stack.x, stack.lengths, stack.outputs = gather.input[0], given, outputs
+
+
+def _inverse(view: GraphView, order: str) -> tuple[str | None, list[onnx.NodeProto]]:
+    """The inverse permutation of ``order`` as torch.onnx builds it: ScatterElements(zeros like order, order,
+    Range(0, len(order), 1)) along axis 0. Returns its value and nodes (None when some reader of ``order`` is not
+    that)."""
+    for scatter in view.consumers.get(order, []):
+        if not (_op(scatter, "ScatterElements") and scatter.input[1] == order and attribute(scatter, "axis", 0) == 0
+                and attribute(scatter, "reduction", "none") == "none"):
+            continue
+        zeros, steps = view.producer.get(scatter.input[0]), view.producer.get(scatter.input[2])
+        if not (_op(zeros, "ConstantOfShape") and _shape_vector(view, zeros.input[0]) == [_dim(view, order, 0)]
+                and _op(steps, "Range") and view.ints(steps.input[0]) == [0] and view.ints(steps.input[2]) == [1]):
+            continue
+        limit = view.producer.get(_cast_of(view, steps.input[1], _INT64) or "")
+        if not (_op(limit, "ReduceProd") and attribute(limit, "keepdims", 1) == 0 and len(limit.input) == 1
+                and _shape_vector(view, limit.input[0]) == [_dim(view, order, 0)]):
+            continue
+        nodes = _computing(view, scatter.output[0], order, (*_SHAPE_OPS, "ScatterElements", "ConstantOfShape",
+                                                            "Range", "ReduceProd", "Cast"))
+        if nodes is not None:
+            return scatter.output[0], nodes
+    return None, []
 
 
 @register_pattern("stacked_layers")
@@ -351,7 +433,8 @@ def stacked_layers(view: GraphView):
         claimed.update(id(layer.node) for layer in stack.layers)
         yield Fusion("stacked_layers", f"{len(stack.layers)}-layer {stack.op_type}" if len(stack.layers) > 1
                      else stack.op_type, [layer.node for layer in stack.layers] + stack.nodes,
-                     [stack.x, *stack.sources], stack.outputs, lambda ctx, stack=stack: _convert(ctx, stack))
+                     [stack.x, *stack.sources, *[stack.lengths][:bool(stack.lengths)]], stack.outputs,
+                     lambda ctx, stack=stack: _convert(ctx, stack))
 
 
 def _convert(ctx, stack: _Stack) -> Converted:
@@ -374,14 +457,17 @@ def _convert(ctx, stack: _Stack) -> Converted:
             flags.pop()
         proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
         converted = convert_node(ctx, proto)
-        if any(name is not None for name in converted.inputs[1:]):
-            raise AssertionError("a recognised layer must take only X at run time")
+        if any(name is not None for k, name in enumerate(converted.inputs[1:], 1) if k != 4) or (
+                converted.inputs[4] not in (None, layer.lengths)):
+            raise AssertionError("a recognised layer must take only X and its lengths at run time")
         modules.append(converted.module)
-    if len(modules) == 1 and not stack.batch_first and not stack.merge_output and not stack.sources:
-        return Converted(modules[0], [stack.x])  # one layer that only lost its zero states
+    lengths = [stack.lengths] if stack.lengths else []
+    if len(modules) == 1 and not stack.batch_first and not stack.merge_output and not stack.sources and (
+            not lengths or lengths[0] == stack.layers[0].lengths):  # one layer that only lost its zero states
+        return Converted(modules[0], [stack.x, None, None, None, *lengths])
     module = StackedRecurrent(modules, batch_first=stack.batch_first, batch_first_output=stack.batch_first_output,
                               merge_output=stack.merge_output,
                               initial_h=[layer.states[5] for layer in stack.layers],
                               initial_c=[layer.states.get(6) for layer in stack.layers],
-                              outputs=wanted[: len(stack.outputs)])
-    return Converted(module, [stack.x, *stack.sources])
+                              outputs=wanted[: len(stack.outputs)], lengths=bool(lengths))
+    return Converted(module, [stack.x, *stack.sources, *lengths])

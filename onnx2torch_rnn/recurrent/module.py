@@ -181,16 +181,17 @@ class StackedRecurrent(nn.Module):
 
     ``forward(x, *states)``: x is [T, N, I] ([N, T, I] with ``batch_first``). Layer l's initial state is
     ``initial_h[l]`` / ``initial_c[l]``: None (zeros) or (k, start, end), rows start:end of ``states[k]`` (None, None:
-    all of it). Returns, as ``outputs`` asks: y, the last layer's output ([T, N, D*H]; [N, T, D*H] with
-    ``batch_first_output``; its Y as is, [T, D, N, H], without ``merge_output``), then h_n and c_n, the layers' Y_h and
-    Y_c concatenated.
+    all of it). With ``lengths``, the last argument is every layer's sequence_lens. Returns, as ``outputs`` asks: y,
+    the last layer's output ([T, N, D*H]; [N, T, D*H] with ``batch_first_output``; its Y as is, [T, D, N, H],
+    without ``merge_output``), then h_n and c_n, the layers' Y_h and Y_c concatenated.
     """
 
     def __init__(self, layers: Sequence[Recurrent], *, batch_first: bool = False, batch_first_output: bool = False,
                  merge_output: bool = True, initial_h: Sequence[tuple[int, int | None, int | None] | None] = (),
                  initial_c: Sequence[tuple[int, int | None, int | None] | None] = (),
-                 outputs: Sequence[bool] = (True,)):
+                 outputs: Sequence[bool] = (True,), lengths: bool = False):
         super().__init__()
+        self.lengths = lengths
         self.layers = nn.ModuleList(layers)
         self.batch_first, self.batch_first_output, self.merge_output = batch_first, batch_first_output, merge_output
         self.initial_h = tuple(initial_h) or (None,) * len(layers)
@@ -198,6 +199,7 @@ class StackedRecurrent(nn.Module):
         self.outputs = tuple(outputs)
 
     def forward(self, x: Tensor, *states: Tensor):
+        lengths = states[-1] if self.lengths else None
         if self.batch_first:
             x = x.transpose(0, 1)
         last = len(self.layers) - 1
@@ -205,7 +207,7 @@ class StackedRecurrent(nn.Module):
         for index, layer in enumerate(self.layers):
             initial_h, initial_c = (None if where is None else states[where[0]][where[1]:where[2]]
                                     for where in (self.initial_h[index], self.initial_c[index]))
-            result = layer(x, initial_h=initial_h, initial_c=initial_c)
+            result = layer(x, sequence_lens=lengths, initial_h=initial_h, initial_c=initial_c)
             y, y_h, y_c = (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
             h_n.append(y_h)
             c_n.append(y_c)
@@ -224,6 +226,8 @@ class StackedRecurrent(nn.Module):
             parts.append("batch_first_output=True")
         if not self.merge_output:
             parts.append("merge_output=False")
+        if self.lengths:
+            parts.append("lengths=True")
         for name in ("initial_h", "initial_c"):
             if any(where is not None for where in getattr(self, name)):
                 parts.append(f"{name}={list(getattr(self, name))}")
