@@ -1,6 +1,7 @@
 """onnx2torch_rnn: import ONNX models, recurrent ones exactly, as torch.fx GraphModules.
 
 The whole public API: ``convert``, ``register_converter`` with ``OnnxNode`` / ``Converted`` for custom converters,
+``register_pattern`` with ``GraphView`` / ``Fusion`` for custom recognition patterns,
 ``compare`` (the converted model against onnxruntime, with the first diverging node), ``to_onnx`` (a converted,
 fine-tuned module back to ONNX, as a drop-in replacement of its model), and the error types.
 """
@@ -27,6 +28,7 @@ from .errors import (
 from .loading import ModelSource, load_model
 from .node import Converted, OnnxNode
 from .onnx_export import to_onnx
+from .passes import Fusion, GraphView, register_pattern
 from .recurrent import onnx_translation_table
 from .registry import register_converter
 
@@ -35,6 +37,8 @@ __all__ = [
     "ConversionError",
     "Converted",
     "ExportError",
+    "Fusion",
+    "GraphView",
     "InvalidModelError",
     "Onnx2TorchError",
     "OnnxNode",
@@ -46,6 +50,7 @@ __all__ = [
     "convert",
     "onnx_translation_table",
     "register_converter",
+    "register_pattern",
     "to_onnx",
 ]
 __version__ = "0.1.0"

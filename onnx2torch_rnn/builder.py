@@ -176,11 +176,15 @@ class Subgraph:
     captured: list[str]  # outer-scope values the body reads, passed after its own inputs
 
 
-def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
-    """One UnsupportedOperatorError listing every op without a converter, subgraphs included."""
+def check_supported(graph: onnx.GraphProto, opsets: dict[str, int], nodes: list[onnx.NodeProto] | None = None) -> None:
+    """One UnsupportedOperatorError listing every op without a converter, subgraphs included. ``nodes``: the main
+    graph's nodes after recognition (a fused node stands for nodes that need no converter of their own)."""
     missing = defaultdict(list)
-    for g in subgraphs(graph):
-        for index, node in enumerate(g.node):
+    main = list(graph.node) if nodes is None else nodes
+    bodies = [body for node in main for attribute in node.attribute
+              for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
+    for g in [main, *(sub.node for body in bodies for sub in subgraphs(body))]:
+        for index, node in enumerate(g):
             domain = normalize_domain(node.domain)
             if domain == FUSION_DOMAIN:
                 continue
@@ -215,9 +219,9 @@ def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = Non
           fuse: bool = True) -> fx.GraphModule:
     """``progress(done, total)`` is called after each node of the main graph. ``fuse``: apply the recognition
     patterns (passes/) first, so that recurrences an exporter spelled out convert as one recurrent module."""
-    check_supported(loaded.proto.graph, loaded.opsets)
     ctx = ConversionContext(loaded, loaded.proto.graph)
     recognised = recognise(loaded) if fuse else None
+    check_supported(loaded.proto.graph, loaded.opsets, None if recognised is None else recognised.nodes)
     if recognised is not None:
         ctx.fusions = recognised.fusions
     module = _build_graph(ctx, loaded.proto.graph, progress, None if recognised is None else recognised.nodes).module

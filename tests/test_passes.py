@@ -225,3 +225,53 @@ def test_packed_sequences_lose_their_sorting(entry):
     sets.append({**sets[-1], "lengths": np.minimum(sets[-1]["lengths"], time - 2)})
     for feeds in sets:
         assert_matches_onnxruntime(module, model, feeds)
+
+
+# ---- a user's own pattern, registered like a converter
+
+
+@pytest.fixture
+def silu_pattern():
+    """A user pattern: x * Sigmoid(x), the way some exporters spell SiLU, becomes one nn.SiLU (and so does a custom
+    MySigmoid op in that place, which has no converter)."""
+    from onnx2torch_rnn.passes import _PATTERNS
+
+    @onnx2torch_rnn.register_pattern("silu")
+    def silu(view: onnx2torch_rnn.GraphView):
+        for mul in view.nodes:
+            if mul.op_type != "Mul":
+                continue
+            sigmoid = next((view.producer[v] for v in mul.input if v in view.producer
+                            and view.producer[v].op_type in ("Sigmoid", "MySigmoid")), None)
+            if sigmoid is None or sorted(mul.input) != sorted([sigmoid.input[0], sigmoid.output[0]]):
+                continue
+            yield onnx2torch_rnn.Fusion("silu", "SiLU", [mul, sigmoid], [sigmoid.input[0]], [mul.output[0]],
+                                        lambda ctx, x=sigmoid.input[0]: onnx2torch_rnn.Converted(torch.nn.SiLU(), [x]))
+
+    yield
+    del _PATTERNS["silu"]
+
+
+def test_a_registered_pattern_fuses_and_reports_what_it_replaced(silu_pattern):
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="gate"), helper.make_node("Mul", ["s", "x"], ["y"],
+                                                                                      name="scale")]
+    model = make_model(nodes, [("x", np.float32, ["N", 4])], ["y"])
+    module = onnx2torch_rnn.convert(model)
+    assert top_level_modules(module) == [torch.nn.SiLU]
+    (fusion,) = fused(module)
+    assert fusion["pattern"] == "silu" and sorted(fusion["replaces"]) == ["gate", "scale"]
+    assert_matches_onnxruntime(module, model, {"x": np.random.default_rng(0).standard_normal((3, 4), np.float32)})
+    assert top_level_modules(onnx2torch_rnn.convert(model, fuse=False)) != [torch.nn.SiLU]
+
+
+def test_a_pattern_can_stand_for_an_op_that_has_no_converter(silu_pattern):
+    """Recognition runs before the check for unsupported ops: the fused node needs no converter of its own."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
+    model = make_model(nodes, [("x", np.float32, ["N", 4])], ["y"])
+    for node in model.graph.node:
+        if node.op_type == "Sigmoid":
+            node.domain, node.op_type = "example.com", "MySigmoid"  # no converter for it
+    model.opset_import.append(helper.make_opsetid("example.com", 1))
+    assert top_level_modules(onnx2torch_rnn.convert(model)) == [torch.nn.SiLU]
+    with pytest.raises(onnx2torch_rnn.UnsupportedOperatorError, match="MySigmoid"):
+        onnx2torch_rnn.convert(model, fuse=False)
