@@ -275,3 +275,24 @@ def test_a_pattern_can_stand_for_an_op_that_has_no_converter(silu_pattern):
     assert top_level_modules(onnx2torch_rnn.convert(model)) == [torch.nn.SiLU]
     with pytest.raises(onnx2torch_rnn.UnsupportedOperatorError, match="MySigmoid"):
         onnx2torch_rnn.convert(model, fuse=False)
+
+
+KERAS = MODELS / "keras"
+KERAS_MANIFEST = read_manifest(KERAS)
+
+
+@pytest.mark.parametrize("file", ["keras3_stacked.onnx", "tf_keras_stacked.onnx"])
+def test_tf2onnx_stacked_lstm_layers_become_one_module(file):
+    """tf2onnx writes each layer with zero states from Shape/Slice/Concat/Expand/Unsqueeze (int32 casts between) and
+    turns time-major and back between layers (two Transposes that cancel)."""
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    lstm = [f for f in fused(module) if f["op_type"] == "2-layer LSTM"]
+    assert len(lstm) == 1
+    layers = [n.name for n in model.graph.node if n.op_type == "LSTM"]
+    assert set(layers) <= set(lstm[0]["replaces"])
+    (stack,) = [s for s in stacks(module) if len(s.layers) == 2]
+    assert stack.initial_h == (None, None) and stack.initial_c == (None, None)
+    entry = next(e for e in KERAS_MANIFEST["models"] if e["file"] == file)
+    for feeds in manifest_input_sets(KERAS, entry, KERAS_MANIFEST["sizes"]):
+        assert_matches_onnxruntime(module, model, feeds)

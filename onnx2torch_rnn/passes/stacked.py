@@ -24,6 +24,7 @@ from . import Fusion, GraphView, attribute, register_pattern
 from . import _reads as _reads_of
 
 RECURRENT = ("LSTM", "GRU", "RNN")
+_INT32, _INT64 = onnx.TensorProto.INT32, onnx.TensorProto.INT64
 _NORMAL = ("", "ai.onnx")
 
 
@@ -110,6 +111,23 @@ def _merge(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] |
     return None
 
 
+def _cancelled_transposes(view: GraphView, value: str) -> tuple[str, list[onnx.NodeProto]]:
+    """tf2onnx between layers: Transpose(1, 0, 2) to batch-major and straight back. The value after such pairs (only
+    Shapes may read the middle one: zero states, absorbed with them) and their nodes."""
+    nodes = []
+    while True:
+        there = view.only_consumer(value)
+        if not (_op(there, "Transpose") and attribute(there, "perm") == [1, 0, 2]):
+            return value, nodes
+        readers = view.consumers.get(there.output[0], [])
+        back = next((r for r in readers if _op(r, "Transpose") and attribute(r, "perm") == [1, 0, 2]), None)
+        if back is None or there.output[0] in view.graph_outputs or not all(
+                r is back or _op(r, "Shape") for r in readers):
+            return value, nodes
+        nodes += [there, back]
+        value = back.output[0]
+
+
 _SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Mul", "Constant")
 
 
@@ -180,6 +198,11 @@ def _dim(view: GraphView, name: str, axis: int):
                 return wanted if isinstance(wanted, tuple) or (isinstance(wanted, int) and wanted > 0) else None
         elif _op(node, "Transpose") and attribute(node, "perm") is not None and axis < len(attribute(node, "perm")):
             name, axis = node.input[0], attribute(node, "perm")[axis]
+        elif _op(node, "Squeeze") and _squeezed(view, node) is not None:
+            kept = [k for k in range(_rank(view, node.input[0])) if k not in _squeezed(view, node)]
+            if axis >= len(kept):
+                return None
+            name, axis = node.input[0], kept[axis]
         elif _op(node, "Gather") and attribute(node, "axis", 0) == 0 and axis < (_rank(view, node.input[1]) or 0):
             name = node.input[1]  # an embedding lookup: out[n, t, :] = data[indices[n, t]], indices' dims first
         elif node is not None and node.op_type in RECURRENT and node.domain in _NORMAL and node.output[0] == name \
@@ -191,6 +214,14 @@ def _dim(view: GraphView, name: str, axis: int):
         else:
             return name, axis
         node = view.producer.get(name)
+
+
+def _squeezed(view: GraphView, node: onnx.NodeProto) -> set[int] | None:
+    """The input axes a Squeeze removes, when its axes and its input's rank are known."""
+    axes, rank = _axes(view, node, 1), _rank(view, node.input[0])
+    if not axes or rank is None or not all(-rank <= a < rank for a in axes):
+        return None
+    return {a % rank for a in axes}
 
 
 def _shape_vector(view: GraphView, name: str) -> list | None:
@@ -221,6 +252,8 @@ def _shape_vector(view: GraphView, name: str) -> list | None:
             _op(node, "Reshape") and view.ints(_input(node, 1)) in ([-1], [1])):
         vector = _shape_vector(view, node.input[0])
         return vector if vector is not None and len(vector) == 1 else None
+    if _op(node, "Cast") and attribute(node, "to") in (_INT32, _INT64):  # tf2onnx: shapes cast to int32 and back
+        return _shape_vector(view, node.input[0])
     if _op(node, "Mul"):
         a, b = (_shape_vector(view, part) for part in node.input)
         if a and b and len(a) == len(b) == 1 and isinstance(a[0], int) and isinstance(b[0], int):
@@ -237,10 +270,12 @@ def _unknown(view: GraphView, name: str) -> list | None:
 def _zeros(view: GraphView, name: str, layer: _Layer, batch) -> bool:
     """Whether ``name`` is all zeros of shape [D, N, H] in the weights' type, N the ``batch`` dim: ConstantOfShape,
     or a zero constant Expanded to a shape, optionally sliced along the first axis."""
-    node, rows = view.producer.get(name), None
+    node, rows, prefix = view.producer.get(name), None, []
     if _op(node, "Slice"):
         rows = _slice(view, node)
         node = view.producer.get(node.input[0]) if rows is not None else None
+    elif _op(node, "Unsqueeze") and _axes(view, node, 1) == [0]:  # tf2onnx: zeros [N, H] made [1, N, H]
+        node, prefix = view.producer.get(node.input[0]), [1]
     if _op(node, "ConstantOfShape"):
         value = attribute(node, "value")
         dtype = value.data_type if value is not None else onnx.TensorProto.FLOAT
@@ -254,6 +289,7 @@ def _zeros(view: GraphView, name: str, layer: _Layer, batch) -> bool:
     if not zero or dtype != view.elem_type(layer.node.input[1]):
         return False
     shape = _shape_vector(view, node.input[1] if node.op_type == "Expand" else node.input[0])
+    shape = None if shape is None else prefix + shape
     if shape is None or len(shape) != 3 or not isinstance(shape[0], int) or shape[2] != layer.hidden:
         return False
     count = shape[0] if rows is None else len(range(shape[0])[rows[0]:rows[1]])
@@ -306,12 +342,14 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
             break
         value, glue = merge
         stack.nodes += glue
-        following = view.only_consumer(value)
+        between, cancelled = _cancelled_transposes(view, value)
+        following = view.only_consumer(between)
         layer = _layer(view, following) if following is not None else None
-        if layer is None or following.op_type != stack.op_type or list(following.input).count(value) != 1 \
-                or following.input[0] != value or layer.lengths != first.lengths:
+        if layer is None or following.op_type != stack.op_type or list(following.input).count(between) != 1 \
+                or following.input[0] != between or layer.lengths != first.lengths:
             stack.merge_output = True
             break
+        stack.nodes += cancelled
         stack.layers.append(layer)
 
     y = value if stack.merge_output else _input_out(stack.layers[-1].node, 0)
@@ -346,8 +384,6 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
         _unpack(view, stack)
     return stack
 
-
-_INT32, _INT64 = onnx.TensorProto.INT32, onnx.TensorProto.INT64
 
 
 def _cast_of(view: GraphView, name: str, to: int) -> str | None:
