@@ -319,6 +319,49 @@ def dropout(node: OnnxNode, ctx) -> Converted:
     return Converted(module, [node.input(0), ratio_name, training_name])
 
 
+# ----------------------------------------------------------------------------------------------- attention
+
+SOFTMAX_PRECISIONS = (1, 10, 11, 16)  # float, float16, double, bfloat16
+
+
+@register_converter("Attention", (23, 24, 25))
+def attention(node: OnnxNode, ctx) -> Converted:
+    """Scaled dot-product attention, every attribute: 3-D inputs with q_num_heads/kv_num_heads or 4-D inputs,
+    GQA/MQA (K/V heads repeated), scale, is_causal (bottom-right: offset by the past length, or per batch by
+    nonpad_kv_seqlen - q_length), softcap, bool or float attn_mask (one shorter than the keys is padded as masked),
+    past_key/past_value with the present outputs, nonpad_kv_seqlen (opset 24), left/right_window_size (opset 25),
+    softmax_precision, qk_matmul_output_mode 0-3; a query row with no attendable key gives zeros. Computed in the
+    spec's order (Q and K each times sqrt(scale)). qk_matmul_output_mode=0 with softcap is the QK product before
+    the softcap, as the spec and onnxruntime have it (onnx's reference evaluator returns it softcapped); mode 2 has
+    -inf where the bias masks, as the spec has it (onnxruntime: the float's lowest value). onnxruntime refuses
+    1-D masks and masks shorter than the keys, which follow the spec here."""
+    attributes = {name: node.attr(name) for name in ("is_causal", "scale", "softcap", "qk_matmul_output_mode",
+                                                     "q_num_heads", "kv_num_heads")}
+    if attributes["is_causal"] not in (0, 1):
+        raise node.unsupported("is_causal", attributes["is_causal"], "expected 0 or 1")
+    if attributes["softcap"] < 0:
+        raise node.unsupported("softcap", attributes["softcap"], "expected 0 (none) or a positive cap")
+    if attributes["qk_matmul_output_mode"] not in (0, 1, 2, 3):
+        raise node.unsupported("qk_matmul_output_mode", attributes["qk_matmul_output_mode"], "expected 0 to 3")
+    for name in ("q_num_heads", "kv_num_heads"):
+        if attributes[name] is not None and attributes[name] < 1:
+            raise node.unsupported(name, attributes[name], "expected a positive head count")
+    precision = node.attr("softmax_precision")
+    if precision is not None and precision not in SOFTMAX_PRECISIONS:
+        raise node.unsupported("softmax_precision", precision, "expected FLOAT, FLOAT16, DOUBLE or BFLOAT16")
+    for name in ("left_window_size", "right_window_size"):
+        attributes[name] = node.attr(name) if node.version >= 25 else -1
+        if attributes[name] < -1:
+            raise node.unsupported(name, attributes[name], "expected -1 (unbounded) or a nonnegative size")
+    if (node.input(4) is None) != (node.input(5) is None):
+        raise node.unsupported("past_key/past_value", node.inputs[4:6], "the two are given together or not at all")
+    if node.input(4) is not None and node.input(6) is not None:
+        raise node.unsupported("nonpad_kv_seqlen", node.input(6), "cannot be combined with past_key/past_value")
+    module = m.Attention(**attributes, softmax_precision=precision and torch_dtype(precision),
+                         outputs=len(node.outputs))
+    return Converted(module, [node.input(i) for i in range(7)])
+
+
 # ----------------------------------------------------------------------------------------------- rearrangement
 
 @register_converter("DepthToSpace", (1, 11, 13, 28))

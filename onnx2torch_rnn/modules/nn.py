@@ -456,6 +456,107 @@ class RMSNormalization(nn.Module):
         return attributes_repr(self, ["axis", "epsilon", "stash_type"])
 
 
+def _allowed_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where allowed, -inf elsewhere: the spec's select-not-multiply form (0 * -inf would be NaN)."""
+    return torch.where(allowed, torch.zeros((), dtype=dtype), torch.full((), -math.inf, dtype=dtype))
+
+
+class Attention(nn.Module):
+    """ONNX Attention (opsets 23-25) in the order of the spec's reference: Q and K each times sqrt(scale) (cast to
+    Q's type), past keys/values concatenated, K/V heads repeated for GQA, QK^T, softcap, the additive bias (attn_mask
+    padded to the key length, causal frontier offset by the past length or nonpad_kv_seqlen - q_length, sliding
+    window, padding of nonpad_kv_seqlen), softmax in ``softmax_precision``, fully masked rows zero, times V.
+    Returns (Y, present_key, present_value, qk_matmul_output) up to ``outputs``."""
+
+    def __init__(self, is_causal=0, scale=None, softcap=0.0, qk_matmul_output_mode=0, q_num_heads=None,
+                 kv_num_heads=None, softmax_precision=None, left_window_size=-1, right_window_size=-1, outputs=1):
+        super().__init__()
+        self.is_causal, self.scale, self.softcap = is_causal, scale, softcap
+        self.qk_matmul_output_mode = qk_matmul_output_mode
+        self.q_num_heads, self.kv_num_heads = q_num_heads, kv_num_heads
+        self.softmax_precision = softmax_precision
+        self.left_window_size, self.right_window_size, self.outputs = left_window_size, right_window_size, outputs
+
+    def _heads(self, x, heads):
+        """A 3-D [batch, seq, heads * size] input as [batch, heads, seq, size]."""
+        return x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads).transpose(1, 2)
+
+    def _bias(self, q, q_len, kv_len, attn_mask, past_len, nonpad_kv_seqlen):
+        """The additive bias broadcastable to [batch, heads, q, kv], or None when nothing is masked."""
+        bias = None
+        if attn_mask is not None:
+            pad = kv_len - attn_mask.shape[-1]  # a mask shorter than the keys masks the rest
+            if attn_mask.dtype == torch.bool:
+                attn_mask = _allowed_bias(F.pad(attn_mask, (0, pad), value=False), q.dtype)
+            else:
+                attn_mask = F.pad(attn_mask, (0, pad), value=-math.inf)
+            bias = attn_mask
+        windowed = self.left_window_size >= 0 or self.right_window_size >= 0
+        if not (self.is_causal or windowed or nonpad_kv_seqlen is not None):
+            return bias
+        i = torch.arange(q_len, device=q.device)[:, None]
+        j = torch.arange(kv_len, device=q.device)
+        # a query's absolute position: after the past keys, or per batch in an external cache (never both)
+        offset = past_len if nonpad_kv_seqlen is None else (nonpad_kv_seqlen - q_len).reshape(-1, 1, 1, 1)
+        position = i + offset
+        bias = torch.zeros((q_len, kv_len), dtype=q.dtype, device=q.device) if bias is None else bias
+        if self.is_causal:
+            bias = bias + _allowed_bias(j <= position, q.dtype)
+        if windowed:
+            allowed = torch.ones_like(j, dtype=torch.bool)
+            if self.left_window_size >= 0:
+                allowed = allowed & (position - j <= self.left_window_size)
+            if self.right_window_size >= 0:
+                allowed = allowed & (j - position <= self.right_window_size)
+            bias = bias + _allowed_bias(allowed, q.dtype)
+        if nonpad_kv_seqlen is not None:
+            bias = bias + _allowed_bias(j < nonpad_kv_seqlen.reshape(-1, 1, 1, 1), q.dtype)
+        return bias
+
+    def forward(self, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+        rank = q.dim()
+        if rank == 3:
+            if self.q_num_heads is None or self.kv_num_heads is None:
+                raise ValueError("Attention: 3-D inputs need the q_num_heads and kv_num_heads attributes")
+            q = self._heads(q, self.q_num_heads)
+            k, v = self._heads(k, self.kv_num_heads), self._heads(v, self.kv_num_heads)
+        elif (self.q_num_heads not in (None, q.shape[1])) or (self.kv_num_heads not in (None, k.shape[1])):
+            raise ValueError(f"Attention: q_num_heads={self.q_num_heads}, kv_num_heads={self.kv_num_heads} contradict "
+                             f"the 4-D inputs' heads {q.shape[1]}, {k.shape[1]}")
+        scale = 1 / math.sqrt(q.shape[3]) if self.scale is None else self.scale
+        root = torch.tensor(math.sqrt(scale), dtype=q.dtype)  # the spec casts sqrt(scale) to Q's type
+        if past_key is not None:
+            k, v = torch.cat([past_key, k], 2), torch.cat([past_value, v], 2)
+        present_key, present_value = k, v
+        past_len = 0 if past_key is None else past_key.shape[2]
+        bias = self._bias(q, q.shape[2], k.shape[2], attn_mask, past_len, nonpad_kv_seqlen)
+        if q.shape[1] != k.shape[1]:  # grouped-query attention: each K/V head serves consecutive Q heads
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+        qk = torch.matmul(q * root, (k * root).transpose(-1, -2))
+        outputs = [qk]  # by qk_matmul_output_mode: raw, softcapped, with bias, softmax
+        if self.softcap > 0:
+            qk = self.softcap * torch.tanh(qk / self.softcap)
+        outputs.append(qk)
+        if bias is not None:
+            qk = qk + bias
+        outputs.append(qk)
+        probs = torch.softmax(qk.to(self.softmax_precision or q.dtype), -1)
+        if bias is not None:  # a row with no attendable key is zero (softmax made it NaN)
+            probs = torch.where(bias.amax(-1, keepdim=True) == -math.inf, 0, probs)
+        probs = probs.to(q.dtype)
+        outputs.append(probs)
+        y = torch.matmul(probs, v)
+        if rank == 3:
+            y = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+        results = (y, present_key, present_value, outputs[self.qk_matmul_output_mode])
+        return results[: self.outputs] if self.outputs > 1 else y
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["is_causal", "scale", "softcap", "qk_matmul_output_mode", "q_num_heads",
+                                      "kv_num_heads", "softmax_precision", "left_window_size", "right_window_size"])
+
+
 class GroupNormalization(nn.Module):
     """ONNX GroupNormalization; ``per_group`` scale/bias (opset 18) are repeated over each group's channels."""
 

@@ -9,7 +9,17 @@ import torch
 from torch import nn
 
 import onnx2torch_rnn
-from tests.helpers import CONV_CASES, check, check_reference, helper, make_model, weighted_model
+from onnx2torch_rnn import UnsupportedAttributeError
+from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
+from tests.helpers import (
+    CONV_CASES,
+    check,
+    check_reference,
+    helper,
+    make_model,
+    parametrize_pairwise,
+    weighted_model,
+)
 
 RNG = np.random.default_rng(0)
 
@@ -353,6 +363,131 @@ def _lrn_reference(x, size, alpha, beta, bias):
         low, high = max(0, c - (size - 1) // 2), min(channels - 1, c + -(-(size - 1) // 2))
         square_sum[:, c] = (x[:, low:high + 1] ** 2).sum(1)
     return x / (bias + alpha / size * square_sum) ** beta
+
+
+# ----------------------------------------------------------------------------------------------- Attention
+
+BATCH, Q_LEN, KV_LEN, PAST_LEN, HEAD, V_HEAD = 2, 3, 4, 2, 8, 6
+# onnxruntime refuses 1-D masks (the conformance cases have one)
+MASK_SHAPES = {"bool2": (np.bool_, ("q", "kv")), "float2": (np.float32, ("q", "kv")),
+               "bool4": (np.bool_, (BATCH, "qh", "q", "kv")), "float3": (np.float32, (1, "q", "kv"))}
+
+
+def _attention_model(opset, rank=4, heads=(2, 2), mask=None, past=False, mode=None, nonpad=False, dtype=np.float32,
+                     q_len=Q_LEN, kv_len=KV_LEN, mask_len=None, **attributes):
+    """A one-Attention model: Q/K/V (3-D with the head attributes or 4-D), optional mask, cache and qk output."""
+    q_heads, kv_heads = heads
+    shapes = {"Q": (BATCH, q_heads, q_len, HEAD), "K": (BATCH, kv_heads, kv_len, HEAD),
+              "V": (BATCH, kv_heads, kv_len, V_HEAD)}
+    if rank == 3:
+        shapes = {name: (b, n, h * d) for name, (b, h, n, d) in shapes.items()}
+        attributes.update(q_num_heads=q_heads, kv_num_heads=kv_heads)
+    inputs = [(name, dtype, shape) for name, shape in shapes.items()]
+    names = ["Q", "K", "V", "", "", "", ""]
+    if mask is not None:
+        mask_dtype, dims = MASK_SHAPES[mask]
+        sizes = {"q": q_len, "kv": mask_len or kv_len + PAST_LEN * past, "qh": q_heads}
+        mask_dtype = dtype if mask_dtype == np.float32 else mask_dtype
+        inputs.append(("attn_mask", mask_dtype, [sizes.get(d, d) for d in dims]))
+        names[3] = "attn_mask"
+    if past:
+        inputs += [("past_key", dtype, (BATCH, kv_heads, PAST_LEN, HEAD)),
+                   ("past_value", dtype, (BATCH, kv_heads, PAST_LEN, V_HEAD))]
+        names[4:6] = ["past_key", "past_value"]
+    if nonpad:
+        inputs.append(("nonpad_kv_seqlen", np.int64, (BATCH,)))
+        names[6] = "nonpad_kv_seqlen"
+    outputs = ["Y", "present_key" if past else "", "present_value" if past else "", "qk" if mode is not None else ""]
+    if mode:
+        attributes["qk_matmul_output_mode"] = mode
+    while names[-1] == "":
+        names.pop()
+    while outputs[-1] == "":
+        outputs.pop()
+    node = helper.make_node("Attention", names, outputs, **attributes)
+    return make_model([node], inputs, [o for o in outputs if o], opset=opset)
+
+
+def _check_attention(model, feeds=None, rtol=1e-4, atol=1e-5):
+    """``check`` against onnxruntime, except that onnxruntime's qk_matmul_output (mode 2) has the float's lowest
+    value where the spec's bias is -inf (a bool mask, causal, window or padding): read as -inf."""
+    feeds = random_inputs(model) if feeds is None else feeds
+    expected = run_onnxruntime(model, feeds)
+    actual = run_torch(onnx2torch_rnn.convert(model), model, feeds)
+    for output, want, got in zip(model.graph.output, expected, actual, strict=True):
+        if output.name == "qk":
+            want = np.where(want == np.finfo(want.dtype).min, -np.inf, want)
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, strict=True, err_msg=f"output {output.name!r}")
+
+
+@parametrize_pairwise(opset=[23, 24, 25], rank=[3, 4], heads=[(2, 2), (4, 2), (4, 1)], is_causal=[0, 1],
+                      scale=[None, 0.1], softcap=[0.0, 2.0], mask=[None, *MASK_SHAPES], past=[False, True],
+                      mode=[None, 0, 1, 2, 3], softmax_precision=[None, 1, 11])
+def test_attention(opset, rank, heads, is_causal, scale, softcap, mask, past, mode, softmax_precision):
+    attributes = {name: value for name, value in [("scale", scale), ("softmax_precision", softmax_precision)]
+                  if value is not None}
+    model = _attention_model(opset, rank, heads, mask, past, mode, is_causal=is_causal, softcap=softcap,
+                             **attributes)
+    _check_attention(model)
+
+
+@pytest.mark.parametrize("opset", [24, 25])
+@pytest.mark.parametrize("is_causal", [0, 1])
+@pytest.mark.parametrize("mask", [None, "bool2", "float3"])
+@pytest.mark.parametrize("q_len", [1, 3, 5])
+def test_attention_nonpad_kv_seqlen(opset, is_causal, mask, q_len):
+    """An external cache: keys past nonpad_kv_seqlen masked, the causal frontier offset per batch (a query block
+    longer than the valid keys has fully masked leading rows, which are zero)."""
+    model = _attention_model(opset, 4, (4, 2), mask, nonpad=True, q_len=q_len, kv_len=6, is_causal=is_causal)
+    feeds = random_inputs(model)
+    feeds["nonpad_kv_seqlen"] = np.array([2, 6], np.int64)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize(("left", "right"), [(2, -1), (1, 2), (0, 0), (-1, 1), (-1, -1)])
+@pytest.mark.parametrize("is_causal", [0, 1])
+@pytest.mark.parametrize("cache", ["none", "past", "nonpad"])
+@pytest.mark.parametrize("mask", [None, "bool2", "float3"])
+def test_attention_window(left, right, is_causal, cache, mask):
+    model = _attention_model(25, 4, (2, 1), mask, past=cache == "past", nonpad=cache == "nonpad", kv_len=5,
+                             left_window_size=left, right_window_size=right, is_causal=is_causal)
+    feeds = random_inputs(model)
+    if cache == "nonpad":
+        feeds["nonpad_kv_seqlen"] = np.array([3, 5], np.int64)
+    check(model, feeds)
+
+
+@pytest.mark.parametrize("mode", [None, 3])
+@pytest.mark.parametrize("is_causal", [0, 1])
+def test_attention_float16(mode, is_causal):
+    model = _attention_model(23, 4, (4, 2), "float2", past=True, mode=mode, dtype=np.float16, is_causal=is_causal)
+    check(model, rtol=2e-3, atol=2e-3)  # float16 ulps: onnxruntime rounds its intermediates apart
+
+
+@pytest.mark.parametrize("mask", ["bool2", "float2"])
+def test_attention_short_mask(mask):
+    """A mask shorter than the keys masks the keys past it (the spec; onnxruntime refuses: the reference is the
+    oracle)."""
+    model = _attention_model(24, 4, (2, 2), mask, mask_len=2)
+    check_reference(model, random_inputs(model))
+
+
+def test_attention_qk_raw_before_softcap():
+    """qk_matmul_output_mode=0 is the QK product before softcap (onnxruntime and the spec)."""
+    check(_attention_model(23, 4, (2, 2), mode=0, softcap=0.5))
+
+
+@pytest.mark.parametrize(("attributes", "message"), [({"softcap": -1.0}, "softcap"),
+                                                      ({"qk_matmul_output_mode": 4}, "qk_matmul_output_mode"),
+                                                      ({"left_window_size": -2}, "left_window_size"),
+                                                      ({"softmax_precision": 6}, "softmax_precision")])
+def test_attention_refused(attributes, message):
+    node = helper.make_node("Attention", ["Q", "K", "V"], ["Y"], **attributes)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, (1, 2, 3, 4))
+                                            for n in "QKV"], [helper.make_tensor_value_info("Y", 1, (1, 2, 3, 4))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)])
+    with pytest.raises(UnsupportedAttributeError, match=message):
+        onnx2torch_rnn.convert(model)
 
 
 # ----------------------------------------------------------------------------------------------- dropout
