@@ -362,6 +362,22 @@ def attention(node: OnnxNode, ctx) -> Converted:
     return Converted(module, [node.input(i) for i in range(7)])
 
 
+# ----------------------------------------------------------------------------------------------- losses
+
+@register_converter("NegativeLogLikelihoodLoss", (12, 13, 22))
+@register_converter("SoftmaxCrossEntropyLoss", (12, 13))
+def loss(node: OnnxNode, ctx) -> Converted:
+    """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (the loss of the log-softmax over axis 1, with the
+    optional log_prob output): inputs [N, C, d1, ...] with targets [N, d1, ...], optional class weights,
+    ignore_index, reduction none, sum or mean (divided by the sum of the applied weights: without weights, the
+    count of targets not ignored, as onnxruntime has it also for ignore_index=-1, where onnx's reference evaluator
+    divides by all)."""
+    reduction = _choice(node, "reduction", ("none", "sum", "mean"))
+    module = m.NegativeLogLikelihoodLoss(reduction, node.attr("ignore_index"),
+                                         node.op_type == "SoftmaxCrossEntropyLoss", len(node.outputs))
+    return Converted(module, node.inputs)
+
+
 # ----------------------------------------------------------------------------------------------- rearrangement
 
 @register_converter("DepthToSpace", (1, 11, 13, 28))

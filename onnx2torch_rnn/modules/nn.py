@@ -557,6 +557,28 @@ class Attention(nn.Module):
                                       "kv_num_heads", "softmax_precision", "left_window_size", "right_window_size"])
 
 
+class NegativeLogLikelihoodLoss(nn.Module):
+    """ONNX NegativeLogLikelihoodLoss, and SoftmaxCrossEntropyLoss with ``log_softmax`` (the loss of the input's
+    log-softmax over axis 1, which is the second output when ``outputs`` is 2): ``-input[n, target[n, d...], d...]``
+    times the target's weight, 0 where the target is ignore_index; reduced by none, sum, or mean (divided by the sum
+    of the applied weights)."""
+
+    def __init__(self, reduction="mean", ignore_index=None, log_softmax=False, outputs=1):
+        super().__init__()
+        self.reduction, self.ignore_index = reduction, ignore_index
+        self.log_softmax, self.outputs = log_softmax, outputs
+
+    def forward(self, x, target, weight=None):
+        log_prob = torch.log_softmax(x, 1) if self.log_softmax else x
+        # without ignore_index no target is ignored (torch's default -100 would be)
+        ignore_index = torch.iinfo(torch.int64).min if self.ignore_index is None else self.ignore_index
+        loss = F.nll_loss(log_prob, target.long(), weight, ignore_index=ignore_index, reduction=self.reduction)
+        return (loss, log_prob) if self.outputs > 1 else loss
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["reduction", "ignore_index"])
+
+
 class GroupNormalization(nn.Module):
     """ONNX GroupNormalization; ``per_group`` scale/bias (opset 18) are repeated over each group's channels."""
 

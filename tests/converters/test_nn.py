@@ -490,6 +490,48 @@ def test_attention_refused(attributes, message):
         onnx2torch_rnn.convert(model)
 
 
+# ----------------------------------------------------------------------------------------------- losses
+
+@parametrize_pairwise(op=["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"], opset=[12, 13, 22],
+                      reduction=["none", "sum", "mean"], weight=[False, True], ignore_index=[None, 0, -1, 10],
+                      x_shape=[(4, 3), (2, 3, 5), (2, 4, 3, 2, 2)], dtype=[np.float32, np.float64, np.float16],
+                      target_dtype=[np.int64, np.int32], log_prob=[False, True])
+def test_loss(op, opset, reduction, weight, ignore_index, x_shape, dtype, target_dtype, log_prob):
+    """Every output against onnxruntime; every third target is ignore_index (when given), so ignoring it, or
+    dividing the mean by the wrong count, fails."""
+    classes = x_shape[1]
+    target = RNG.integers(0, classes, (x_shape[0], *x_shape[2:]))
+    if ignore_index is not None:
+        target.reshape(-1)[::3] = ignore_index
+    feeds = {"x": RNG.standard_normal(x_shape).astype(dtype), "target": target.astype(target_dtype)}
+    if weight:
+        feeds["weight"] = RNG.random(classes).astype(dtype)
+    outputs = ["loss", "log_prob"] if log_prob and op == "SoftmaxCrossEntropyLoss" else ["loss"]
+    attributes = {"reduction": reduction} | ({} if ignore_index is None else {"ignore_index": ignore_index})
+    node = helper.make_node(op, list(feeds), outputs, **attributes)
+    model = make_model([node], [(name, value.dtype, value.shape) for name, value in feeds.items()], outputs,
+                       opset=opset)
+    tolerance = {"rtol": 2e-3, "atol": 2e-3} if dtype == np.float16 else {}  # float16 sums: ulps apart
+    check(model, feeds, **tolerance)
+
+
+@pytest.mark.parametrize("op", ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"])
+def test_loss_mean_without_weight_ignore_minus_one(op):
+    """The mean divides by the targets not ignored, also for ignore_index=-1 (onnx's reference divides by all)."""
+    feeds = {"x": RNG.standard_normal((6, 3)).astype(np.float32), "target": np.array([0, -1, 2, -1, 1, 0])}
+    node = helper.make_node(op, ["x", "target"], ["loss"], ignore_index=-1)
+    check(make_model([node], [("x", np.float32, (6, 3)), ("target", np.int64, (6,))], ["loss"], opset=13), feeds)
+
+
+def test_loss_refuses_reduction():
+    node = helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"], reduction="max")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (2, 3)),
+                                            helper.make_tensor_value_info("t", onnx.TensorProto.INT64, (2,))],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ())])
+    with pytest.raises(UnsupportedAttributeError, match="reduction"):
+        onnx2torch_rnn.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]))
+
+
 # ----------------------------------------------------------------------------------------------- dropout
 
 @pytest.mark.parametrize("opset", [7, 10, 12, 13, 22])
