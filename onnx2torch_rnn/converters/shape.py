@@ -456,6 +456,15 @@ def nonzero(node: OnnxNode, ctx) -> Converted:
     return Converted(m.NonZero(), node.inputs)
 
 
+@register_converter("Unique", (11, 28))
+def unique(node: OnnxNode, ctx) -> Converted:
+    """Unique values (flattened, or slices along ``axis``) with first-occurrence indices, inverse indices and
+    counts; sorted=1 ascending, sorted=0 in order of first occurrence as onnxruntime has it. Each NaN is a value of
+    its own (torch.unique); onnxruntime's comparisons merge NaNs with the values next to them."""
+    refuse_uint64(node, ctx)
+    return Converted(m.Unique(node.attr("axis"), node.attr("sorted"), len(node.outputs)), node.inputs)
+
+
 # ---- generators -----------------------------------------------------------------------------------------------------
 
 

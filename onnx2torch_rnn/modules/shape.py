@@ -417,6 +417,30 @@ class NonZero(nn.Module):
         return torch.nonzero(data.reshape(1) if data.dim() == 0 else data).T
 
 
+class Unique(_Attributes):
+    """(Y, indices, inverse_indices, counts): the unique values (slices along ``axis``, of the flattened input when
+    None), ascending or, with sorted=0, in order of first occurrence (as onnxruntime); indices of first
+    occurrences."""
+
+    _shown = ("axis", "sorted")
+
+    def __init__(self, axis: int | None = None, sorted: int = 1, outputs: int = 4):
+        super().__init__()
+        self.axis, self.sorted, self.outputs = axis, sorted, outputs
+
+    def forward(self, x):
+        axis = 0 if self.axis is None else self.axis % x.dim()
+        x = x.reshape(-1) if self.axis is None else x
+        y, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True, dim=axis)
+        positions = torch.arange(inverse.numel(), device=x.device)
+        first = torch.full_like(counts, inverse.numel()).scatter_reduce(0, inverse, positions, "amin")
+        if not self.sorted:  # reorder by first occurrence
+            order = torch.argsort(first)
+            y, first, counts = y.index_select(axis, order), first[order], counts[order]
+            inverse = torch.argsort(order)[inverse]
+        return (y, first, inverse, counts)[: self.outputs] if self.outputs > 1 else y
+
+
 class OneHot(_Attributes):
     _shown = ("axis", "depth")
 

@@ -419,6 +419,23 @@ def test_nonzero(opset, dtype, shape):
     run([node("NonZero", ["x"])], [("x", dtype, shape)], ["y"], opset, feeds={"x": np.asarray(x)})
 
 
+# ---- Unique ---------------------------------------------------------------------------------------------------------
+
+
+@parametrize_pairwise(opset=[11, 28], dtype=[F32, I64, np.int8, np.float64], axis=[None, 0, 1, -1],
+                      sorted_=[0, 1], outputs=[1, 2, 3, 4], shape=[(6, 3), (3, 5, 2)])
+def test_unique(opset, dtype, axis, sorted_, outputs, shape):
+    """Every output against onnxruntime; values from 0..2 so slices repeat, shuffled so that the order of first
+    occurrence (sorted=0) differs from the ascending one."""
+    x = RNG.integers(0, 3, shape).astype(dtype)
+    if axis is not None:  # repeat some slices along the axis
+        x = np.take(x, RNG.permutation(np.arange(x.shape[axis]) % 2 + np.arange(x.shape[axis]) // 2), axis=axis)
+    names = ["y", "indices", "inverse_indices", "counts"][:outputs]
+    attributes = {"sorted": sorted_} | ({} if axis is None else {"axis": axis})
+    run([helper.make_node("Unique", ["x"], names, **attributes)], [("x", dtype, shape)], names, opset,
+        feeds={"x": x})
+
+
 # ---- Range, ConstantOfShape, EyeLike, OneHot, Trilu ------------------------------------------------------------------
 
 
