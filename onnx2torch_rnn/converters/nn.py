@@ -8,9 +8,11 @@ used by that node only and torch can express the geometry exactly; otherwise a g
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..modules import nn as m
+from ..modules.common import Function
 from ..node import Converted, OnnxNode
 from ..registry import register_converter
 from ..tensors import torch_dtype
@@ -484,6 +486,29 @@ def resize(node: OnnxNode, ctx) -> Converted:
         raise node.unsupported("mode", mode, f"{mode} resizing of {dtype} tensors (onnxruntime rounds them)")
     module = m.Resize(mode, roi=roi, scales=scales, sizes=sizes, **attributes)
     return Converted(module, [node.input(0), roi_name, scales_name, sizes_name])
+
+
+GRID_SAMPLE_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "bicubic": "bicubic",
+                     "cubic": "bicubic"}  # opset 16's names and opset 20's
+
+
+@register_converter("GridSample", (16, 20, 22))
+def grid_sample(node: OnnxNode, ctx) -> Converted:
+    """F.grid_sample: 2-D (4-D input) linear, nearest and cubic, 3-D (5-D input, opset 20) linear and nearest;
+    padding zeros, border or reflection; align_corners. Other ranks, and cubic in 3-D, are refused (torch has no
+    kernel)."""
+    names = ("bilinear", "nearest", "bicubic") if node.version < 20 else ("linear", "nearest", "cubic")
+    mode = GRID_SAMPLE_MODES[_choice(node, "mode", names)]
+    padding_mode = _choice(node, "padding_mode", ("zeros", "border", "reflection"))
+    rank, ranks = _rank(ctx, node.input(0)), (4,) if node.version < 20 else (4, 5)  # opset 16 is 2-D only
+    if rank is not None and rank not in ranks:
+        raise node.unsupported("input 0", f"rank {rank}", f"expected rank {' or '.join(map(str, ranks))} "
+                               "(torch samples 4-D and 5-D inputs only)")
+    if rank == 5 and mode == "bicubic":
+        raise node.unsupported("mode", node.attr("mode"), "torch has no cubic sampling of 5-D inputs")
+    align_corners = bool(node.attr("align_corners"))
+    return Converted(Function(F.grid_sample, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+                     node.inputs)
 
 
 @register_converter("Upsample", (7, 9))

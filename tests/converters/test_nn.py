@@ -838,6 +838,40 @@ def test_upsample(opset, mode, scales, kind):
     check(model, feeds)
 
 
+# ----------------------------------------------------------------------------------------------- GridSample
+
+def _check_grid_sample(opset, mode, padding_mode, align_corners, x_shape, grid_shape, dtype=np.float32):
+    """Grid points reach past [-1, 1], so every padding mode matters."""
+    feeds = {"x": RNG.standard_normal(x_shape).astype(dtype),
+             "grid": RNG.uniform(-1.3, 1.3, grid_shape).astype(dtype)}
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode=padding_mode,
+                            align_corners=align_corners)
+    check(make_model([node], [("x", dtype, x_shape), ("grid", dtype, grid_shape)], ["y"], opset=opset), feeds)
+
+
+@parametrize_pairwise(opset=[16, 20, 22], mode=[0, 1, 2], padding_mode=["zeros", "border", "reflection"],
+                      align_corners=[0, 1], dtype=[np.float32, np.float64])
+def test_grid_sample(opset, mode, padding_mode, align_corners, dtype):
+    mode = (("bilinear", "nearest", "bicubic") if opset < 20 else ("linear", "nearest", "cubic"))[mode]
+    dtype = np.float32 if opset == 16 else dtype  # onnxruntime's opset-16 kernel is float32 only
+    _check_grid_sample(opset, mode, padding_mode, align_corners, (2, 3, 4, 5), (2, 3, 6, 2), dtype)
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [0, 1])
+def test_grid_sample_3d(mode, padding_mode, align_corners):
+    _check_grid_sample(22, mode, padding_mode, align_corners, (1, 2, 3, 4, 5), (1, 2, 3, 4, 3))
+
+
+def test_grid_sample_refuses_3d_cubic():
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode="cubic")
+    model = make_model([node], [("x", np.float32, (1, 1, 2, 2, 2)), ("grid", np.float32, (1, 2, 2, 2, 3))], ["y"],
+                       opset=22)
+    with pytest.raises(UnsupportedAttributeError, match="cubic"):
+        onnx2torch_rnn.convert(model)
+
+
 # ----------------------------------------------------------------------------------------------- dtypes
 
 FLOAT16_CASES = [
