@@ -23,7 +23,7 @@ import onnx
 import torch
 from torch import fx, nn
 
-from .errors import ConversionError, Onnx2TorchError, UnsupportedOperatorError
+from .errors import ConversionError, Onnx2TorchError, UnsupportedOperatorError, UnsupportedTypeError
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .node import Converted, OnnxNode, attribute_value
@@ -132,7 +132,7 @@ class ConversionContext:
         copied into its module (e.g. reordered into an nn.LSTM) is not held twice. Small ones stay for converters
         that trace shape arithmetic back through the graph."""
         value = self._constants.get(name)
-        if value is not None and value.numel() > RELEASE_MIN_ELEMENTS:
+        if isinstance(value, torch.Tensor) and value.numel() > RELEASE_MIN_ELEMENTS:
             del self._constants[name]
 
     def dtype(self, name: str | None) -> torch.dtype | None:
@@ -161,7 +161,7 @@ class ConversionContext:
         one must stay one parameter of the GraphModule so that tied weights stay tied.
         """
         value = self.constant(name)
-        if value is None or not value.is_floating_point() or self.loaded.uses[name] > 1:
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or self.loaded.uses[name] > 1:
             return None
         return value
 
@@ -273,21 +273,27 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
         if name in env:
             return env[name]
         if name not in constant_nodes:
-            tensor = ctx.constant(name)
-            if tensor is None:
+            value = ctx.constant(name)
+            if value is None:
                 raise ConversionError("<graph>", "-", f"value {name!r} is used before it is computed")
-            target = attribute_names(name)
-            # Weights train; a scalar (an epsilon, a clip bound, the 1 in 1 - z) is a constant, not a weight.
-            if tensor.is_floating_point() and tensor.numel() > 1:
-                root.register_parameter(target, nn.Parameter(tensor))
-            else:
-                root.register_buffer(target, tensor)
-            constant_nodes[name] = graph.get_attr(target)
+            # a folded sequence (SequenceConstruct, SplitToSequence of constants): a tuple of attributes
+            constant_nodes[name] = tuple(attribute(f"{name}_{i}", t) for i, t in enumerate(value)) if isinstance(
+                value, tuple | list) else attribute(name, value)
         return constant_nodes[name]
+
+    def attribute(name: str, tensor: torch.Tensor) -> fx.Node:
+        target = attribute_names(name)
+        # Weights train; a scalar (an epsilon, a clip bound, the 1 in 1 - z) is a constant, not a weight.
+        if tensor.is_floating_point() and tensor.numel() > 1:
+            root.register_parameter(target, nn.Parameter(tensor))
+        else:
+            root.register_buffer(target, tensor)
+        return graph.get_attr(target)
 
     placeholder_names = _Names(("self",))  # forward's own first argument
     for info in graph_proto.input:
         if not ctx.is_local_constant(info.name):  # an input with an initializer of the same name is a constant
+            _check_input_type(info)
             env[info.name] = graph.placeholder(placeholder_names(info.name))
     # A body reads outer values as extra inputs: gradients then reach the outer parameters.
     captured = _free_names(graph_proto) if is_subgraph else []
@@ -366,6 +372,17 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
     # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
     module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))
     return Subgraph(module, captured)
+
+
+def _check_input_type(info: onnx.ValueInfoProto) -> None:
+    """A tensor input of an element type torch has no dtype for (string, float8, int4, ...) cannot be passed to
+    forward: refused here, naming it, rather than when the caller tries."""
+    elem_type = info.type.tensor_type.elem_type if info.type.HasField("tensor_type") else 0
+    if elem_type:
+        try:
+            torch_dtype(elem_type)
+        except UnsupportedTypeError as error:
+            raise UnsupportedTypeError(f"graph input {info.name!r}: {error}") from None
 
 
 def _per_output(node: OnnxNode, result):

@@ -213,3 +213,21 @@ def test_conversion_time_is_linear_in_the_number_of_nodes():
     assert seconds < max(3.0, 3 * floor), (seconds, floor)
     x = torch.tensor([1.0, -2.0])
     assert torch.equal(gm(x), x) and len(list(gm.children())) == count
+
+
+def test_a_folded_sequence_read_at_run_time_is_a_tuple_of_constants():
+    """SequenceConstruct of constants folds at conversion; a run-time reader gets its tensors (each a parameter)."""
+    nodes = [helper.make_node("SequenceConstruct", ["a", "b"], ["seq"]),
+             helper.make_node("SequenceInsert", ["seq", "x"], ["longer"]),
+             helper.make_node("ConcatFromSequence", ["longer"], ["y"], axis=0)]
+    rng = np.random.default_rng(0)
+    init = {"a": rng.standard_normal((2, 3)).astype(np.float32), "b": rng.standard_normal((1, 3)).astype(np.float32)}
+    module = check(make_model(nodes, [("x", np.float32, ["N", 3])], ["y"], init))
+    assert len(list(module.parameters())) == 2
+
+
+@pytest.mark.parametrize("elem_type", [onnx.TensorProto.STRING, onnx.TensorProto.FLOAT8E4M3FN])
+def test_inputs_of_a_type_torch_has_no_dtype_for_are_refused_at_conversion(elem_type):
+    model = make_model([helper.make_node("Identity", ["x"], ["y"])], [("x", elem_type, [2])], ["y"])
+    with pytest.raises(onnx2torch_rnn.UnsupportedTypeError, match="graph input 'x': ONNX element type"):
+        onnx2torch_rnn.convert(model)
