@@ -41,6 +41,12 @@ NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "
                           "Bernoulli", "Dropout"})
 
 
+# Ops whose result holds every element of their input, rearranged or cast: folding one of a weight that another node
+# also reads would copy that weight (see _unties).
+WHOLE_TENSOR_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "CastLike",
+                              "Identity"})
+
+
 def sanitize(name: str) -> str:
     """A valid Python identifier close to an ONNX name."""
     name = re.sub(r"\W", "_", name).strip("_") or "value"
@@ -320,6 +326,7 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
             if foldable:
                 with torch.no_grad():
                     outputs = result.module(*(ctx.constant(name) for name in result.inputs))
+                foldable = proto.op_type not in WHOLE_TENSOR_OPS or not _unties(ctx, result.inputs, outputs)
         except Onnx2TorchError:
             raise
         except Exception as error:
@@ -372,6 +379,21 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
     # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
     module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))
     return Subgraph(module, captured)
+
+
+def _is_weight(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 1
+
+
+def _unties(ctx: ConversionContext, inputs: Iterable[str | None], outputs) -> bool:
+    """Whether folding would copy a weight that other nodes also read: a float result computed from a float
+    constant with several readers (e.g. a tied embedding, read by a Gather and, transposed, by a MatMul) would
+    become a parameter of its own and train apart. Such a node runs at run time, on the one parameter. Only for ops
+    that move a whole tensor (WHOLE_TENSOR_OPS): parts of one blob (MXNet's Slices of all weights) fold apart, as
+    each part is its own weight."""
+    results = outputs if isinstance(outputs, tuple | list) else (outputs,)
+    return any(_is_weight(r) for r in results) and any(
+        name is not None and ctx.loaded.uses[name] > 1 and _is_weight(ctx.constant(name)) for name in inputs)
 
 
 def _check_input_type(info: onnx.ValueInfoProto) -> None:

@@ -231,3 +231,18 @@ def test_inputs_of_a_type_torch_has_no_dtype_for_are_refused_at_conversion(elem_
     model = make_model([helper.make_node("Identity", ["x"], ["y"])], [("x", elem_type, [2])], ["y"])
     with pytest.raises(onnx2torch_rnn.UnsupportedTypeError, match="graph input 'x': ONNX element type"):
         onnx2torch_rnn.convert(model)
+
+
+def test_a_weight_read_whole_by_two_nodes_stays_one_parameter():
+    """A tied embedding: W is read by a Gather and, transposed, by the output MatMul. Folding the Transpose would
+    make a second parameter that trains apart; it runs at run time on the one parameter instead."""
+    W = np.random.default_rng(0).standard_normal((10, 4)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["W", "ids"], ["e"]), helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["e", "Wt"], ["y"])]
+    module = check(make_model(nodes, [("ids", np.int64, ["N"])], ["y"], {"W": W}), {"ids": np.array([1, 2, 3])})
+    assert [name for name, _ in module.named_parameters()] == ["W"]
+    ids = torch.tensor([1, 2, 3])
+    module(ids).sum().backward()
+    weight = torch.from_numpy(W).requires_grad_()
+    (weight[ids] @ weight.T).sum().backward()  # both uses reach the one weight
+    np.testing.assert_allclose(module.W.grad.numpy(), weight.grad.numpy(), rtol=1e-6)
