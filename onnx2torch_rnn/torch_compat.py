@@ -1,6 +1,6 @@
 """The private torch APIs this package reads, in one place: each is detected at import, with a fallback on public API.
 
-Every entry exists in all torch releases the package supports (``torch>=2.4``, tested on 2.13.0 and 2.14.1); the
+Every entry exists in all torch releases the package supports (pyproject's range: 2.13.0 and 2.14.1 are tested); the
 fallbacks keep the package working, more slowly or less completely, if a release drops one.
 
 - ``nn.Module._parameters`` / ``_buffers``: the dicts ``nn.Module.__getattr__`` reads (every torch release). The

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Run the test suite on another Python and/or torch than CI's (Python 3.11, torch 2.13.0 CPU from constraints.txt),
+# e.g. before a release:  bash scripts/check_versions.sh 3.13 2.13.0   or   bash scripts/check_versions.sh 3.11 2.14.1
+# Creates .venv-py<PYTHON>-torch<TORCH> once (python<PYTHON> from PATH or pyenv; torch from the package index: the
+# CUDA build, with its nvidia-* wheels, about 5 GB), builds the native kernel and runs pytest (extra arguments go to pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python_version=${1:?usage: check_versions.sh PYTHON_VERSION TORCH_VERSION [pytest args...]}
+torch_version=${2:?usage: check_versions.sh PYTHON_VERSION TORCH_VERSION [pytest args...]}
+shift 2
+venv=".venv-py${python_version}-torch${torch_version}"
+if [ ! -x "$venv/bin/python" ]; then
+    pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}  # pyenv's own build of that version, else python<PYTHON> from PATH
+    installed=$(ls "$pyenv_root/versions" 2>/dev/null | grep "^${python_version}\.[0-9]*$" | sort -V | tail -1 || true)
+    python=${installed:+$pyenv_root/versions/$installed/bin/python}
+    python=${python:-python${python_version}}
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==${torch_version}" -e '.[test]'
+fi
+"$venv/bin/python" -c "import sys, torch, onnx, onnxruntime, numpy; print('python', sys.version.split()[0], '| torch', torch.__version__, '| onnx', onnx.__version__, '| onnxruntime', onnxruntime.__version__, '| numpy', numpy.__version__)"
+"$venv/bin/python" -c "from onnx2torch_rnn.recurrent import kernel; print('native recurrent kernel:', 'built' if kernel.load() else 'NOT built (the Python path will run)')"
+"$venv/bin/python" -m pytest -n 2 -q "$@"
