@@ -12,12 +12,14 @@ for a descheduled thread (100x slowdowns seen) while onnxruntime's thread pool d
 
 Every case is one ONNX model: a single LSTM/GRU/RNN node (the matrix: op, direction, hidden, sequence, batch, with
 and without sequence_lens, plus one exact-path case per op: peepholes, clip, a non-default activation), a 2-layer
-bidirectional LSTM exported by torch.onnx (made here), the bundled example tagger, and Keras models exported by
-tf2onnx (tests/models/keras, when present). For each case the script converts the model, checks every output of the
+bidirectional LSTM exported by torch.onnx (made here), the bundled example tagger, dynamo's tagger and a PackedSequence
+LSTM (tests/models/torch), and Keras models exported by tf2onnx (tests/models/keras, when present). For each case the
+script converts the model, checks every output of the
 converted module (eager and torch.compile'd) against onnxruntime (a mismatch fails the run: speed never trades
 correctness), then times, interleaved round by round so that machine noise hits all of them alike:
 - onnxruntime (default session options, intra-op threads = the torch thread count, inter-op 1),
 - the converted module, eager and torch.compile'd (``dynamic=False``), under ``torch.no_grad()``,
+- where recognition fused something, the model converted with ``fuse=False`` (every node as written),
 - the GEMM floor: the same matmuls alone in torch (the input projection of all steps in one matmul, then one
   recurrent matmul per step and direction into a preallocated output): what any torch implementation pays.
 It reports medians and ratios, then the conversion time and peak memory of a large model (a 4-layer bidirectional
@@ -155,9 +157,13 @@ def recurrent_matmuls(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> l
 
 
 def file_case(name: str, path: Path, dims: dict[str, int]) -> Case | None:
+    """``dims``: sizes of symbolic dims by name, or by position as "0", "1", ... of the first input's dims (tf2onnx
+    names them unk__N)."""
     if not path.exists():
         return None
     model = onnx.load(str(path))
+    first = model.graph.input[0].type.tensor_type.shape.dim
+    dims = {(first[int(k)].dim_param if k.isdigit() else k): v for k, v in dims.items()}
     feeds = random_inputs(model, seed=0, dims=dims)
     return Case(name, model, feeds, recurrent_matmuls(model, feeds))
 
@@ -193,8 +199,12 @@ def model_cases() -> list[Case]:
     tagger = ROOT / "examples" / "bilstm_tagger.onnx"
     cases = [torch_exported_case(), file_case("examples/bilstm_tagger.onnx T16 B1", tagger, {"batch": 1, "time": 16}),
              file_case("examples/bilstm_tagger.onnx T64 B8", tagger, {"batch": 8, "time": 64})]
+    exported = ROOT / "tests" / "models" / "torch"
+    cases += [file_case("torch.onnx dynamo tagger T16 B1", exported / "dynamo_tagger.onnx", {"0": 1, "1": 16}),
+              file_case("torch.onnx PackedSequence 2-layer LSTM T16 B4",
+                        exported / "ts_packed_lstm_l2_unsorted_op19.onnx", {"batch": 4, "time": 16})]
     keras = ROOT / "tests" / "models" / "keras"
-    cases += [file_case(f"Keras {path.stem} T64 B8", path, {"batch": 8, "time": 64})
+    cases += [file_case(f"Keras {path.stem} T64 B8", path, {"0": 8, "1": 64})
               for path in (keras / "tf_keras_stacked.onnx", keras / "keras3_bi_lstm_concat.onnx")]
     return [c for c in cases if c is not None]
 
@@ -279,6 +289,9 @@ def check(case: Case, label: str, actual: list[np.ndarray], expected: list[np.nd
 
 def bench_case(case: Case, threads: list[int], compiled: bool, budget: float) -> list[dict]:
     module = onnx2torch_rnn.convert(case.model)
+    # where recognition fused something, the same model converted as written: what the fusion gains
+    fused = any("replaces" in n.meta.get("onnx", {}) for n in module.graph.nodes)
+    literal = onnx2torch_rnn.convert(case.model, fuse=False) if fused else None
     recurrent = [m for m in module.modules() if hasattr(m, "fast") and hasattr(m, "cell")]
     path = "fast" if all(m.fast for m in recurrent) else "exact"
     names = [i.name for i in runtime_inputs(case.model)]
@@ -292,6 +305,8 @@ def bench_case(case: Case, threads: list[int], compiled: bool, budget: float) ->
     expected = sessions[threads[0]].run(None, case.feeds)
     with torch.no_grad():
         check(case, "eager", _outputs(module(*args)), expected)
+        if literal is not None:
+            check(case, "fuse=False", _outputs(literal(*args)), expected)
         if compiled:
             start = time.perf_counter()
             compiled_module = torch.compile(module, dynamic=False)
@@ -304,6 +319,8 @@ def bench_case(case: Case, threads: list[int], compiled: bool, budget: float) ->
         fns = {"ort": lambda s=sessions[n]: s.run(None, case.feeds), "eager": lambda: module(*args)}
         if compiled:
             fns["compiled"] = lambda: compiled_module(*args)
+        if literal is not None:
+            fns["literal"] = lambda: literal(*args)
         if floor is not None:
             fns["floor"] = floor
         with torch.no_grad():
@@ -321,6 +338,8 @@ def format_progress(r: dict) -> str:
             f"eager {r['eager'] / r['ort']:5.2f}x")
     if "compiled" in r:
         text += f"  compiled {r['compiled'] / r['ort']:5.2f}x"
+    if "literal" in r:
+        text += f"  fuse=False {r['literal'] / r['ort']:5.2f}x"
     if "floor" in r:
         text += f"  floor {r['floor'] / r['ort']:5.2f}x"
     return text
@@ -391,7 +410,7 @@ def markdown(rows: list[dict], compiled: bool) -> str:
     header = ["case", "thr", "path", "onnxruntime ms", "eager ms", "eager/ort"]
     if compiled:
         header += ["compiled ms", "compiled/eager"]
-    header += ["GEMM floor ms", "floor/ort", "eager/floor"]
+    header += ["GEMM floor ms", "floor/ort", "eager/floor", "fuse=False/ort"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [r["config"], str(r["threads"]), r["path"], f"{r['ort'] * 1e3:.3f}", f"{r['eager'] * 1e3:.3f}",
@@ -402,6 +421,7 @@ def markdown(rows: list[dict], compiled: bool) -> str:
             cells += [f"{r['floor'] * 1e3:.3f}", f"{r['floor'] / r['ort']:.2f}", f"{r['eager'] / r['floor']:.2f}"]
         else:
             cells += ["-", "-", "-"]
+        cells.append(f"{r['literal'] / r['ort']:.2f}" if "literal" in r else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -571,7 +591,8 @@ def main(argv=None) -> int:
             "Times are medians per call; ratios past their target in bold (eager/ort: 1.0, and a median of 0.8 over "
             "the single nodes; compiled/eager: 1.05; training step: 1.1; to_onnx's model: 1.05, noise). path: the "
             "module's training path (fast: nn.LSTM/GRU/RNN weights); inference runs the native kernel either way. "
-            "floor = the same matmuls alone in torch.", "", summary(rows, args.compile), "",
+            "floor = the same matmuls alone in torch. fuse=False: the model converted as written, where recognition "
+            "fused something.", "", summary(rows, args.compile), "",
             markdown(rows, args.compile)]
     if train:
         text += ["", train_markdown(train)]
