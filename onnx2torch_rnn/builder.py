@@ -326,7 +326,9 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
             if foldable:
                 with torch.no_grad():
                     outputs = result.module(*(ctx.constant(name) for name in result.inputs))
-                foldable = proto.op_type not in WHOLE_TENSOR_OPS or not _unties(ctx, result.inputs, outputs)
+                # None (an empty optional) is no constant: it stays a run-time value
+                foldable = outputs is not None and (
+                    proto.op_type not in WHOLE_TENSOR_OPS or not _unties(ctx, result.inputs, outputs))
         except Onnx2TorchError:
             raise
         except Exception as error:

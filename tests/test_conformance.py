@@ -40,7 +40,7 @@ class NoTorchTypeError(TypeError):
 
 # the first word of a reason says how the case fails: the exception it must raise
 EXPECTED_FAILURE = {"refused": Onnx2TorchError, "differs": AssertionError, "random": AssertionError,
-                    "unfed": NoTorchTypeError}
+                    "unfed": NoTorchTypeError, "uncomparable": TypeError}
 
 
 def _to_torch(value):

@@ -11,8 +11,8 @@ _LATER = (11, 13, 16, 19, 21, 23, 24, 25)  # versions since 11 differ only in th
 
 @register_converter("If", (1, *_LATER))
 def if_(node: OnnxNode, ctx) -> Converted:
-    """Runs the branch the condition selects; branches may read any outer value. Tensor values only (no
-    sequences or optionals). Data-dependent: torch.compile breaks the graph here."""
+    """Runs the branch the condition selects; branches may read any outer value and return tensors, sequences
+    (tuples) or optionals (None when empty). Data-dependent: torch.compile breaks the graph here."""
     then_branch = ctx.subgraph(node.attr("then_branch"))
     else_branch = ctx.subgraph(node.attr("else_branch"))
     captured = list(dict.fromkeys(then_branch.captured + else_branch.captured))
@@ -26,8 +26,8 @@ def loop(node: OnnxNode, ctx) -> Converted:
     """Trip count and/or condition, known or computed at run time; loop-carried values and scan outputs (stacked
     on a new first axis); the body may read outer values, and gradients flow through every iteration. A loop that
     runs zero iterations returns its initial values and, as onnxruntime, empty scan outputs of shape
-    [0, *static shape of the body output] with 0 for unknown dims ([0] when even the rank is unknown). Tensor
-    values only."""
+    [0, *static shape of the body output] with 0 for unknown dims ([0] when even the rank is unknown). Carried
+    values may be sequences (tuples) or optionals (None when empty); scan outputs are tensors."""
     body_proto = node.attr("body")
     body = ctx.subgraph(body_proto)
     carried = node.inputs[2:]

@@ -1,5 +1,6 @@
-"""Sequence ops: SplitToSequence, SequenceAt, SequenceConstruct, SequenceInsert, SequenceErase, SequenceLength,
-ConcatFromSequence (an ONNX sequence is a tuple of tensors in the GraphModule).
+"""Sequence ops: SplitToSequence, SequenceAt, SequenceConstruct, SequenceEmpty, SequenceInsert, SequenceErase,
+SequenceLength, ConcatFromSequence (an ONNX sequence is a tuple of tensors in the GraphModule), and optionals:
+Optional, OptionalHasElement, OptionalGetElement (an ONNX optional is None when empty, else the value it holds).
 
 The dynamo exporter writes them for an unrolled nn.RNN: SplitToSequence over time, then one SequenceAt per step.
 """
@@ -68,3 +69,31 @@ def concat_from_sequence(node: OnnxNode, ctx) -> Converted:
     if new_axis not in (0, 1):
         raise node.unsupported("new_axis", new_axis, "must be 0 or 1")
     return Converted(m.ConcatFromSequence(node.attr("axis"), new_axis), node.inputs)
+
+
+@register_converter("SequenceEmpty", (11,))
+def sequence_empty(node: OnnxNode, ctx) -> Converted:
+    """An empty tuple (folded at conversion); ``dtype`` only types the graph."""
+    node.attr("dtype")
+    return Converted(m.SequenceEmpty(), [])
+
+
+@register_converter("Optional", (15, 28))
+def optional(node: OnnxNode, ctx) -> Converted:
+    """The input itself, or None (an empty optional) without one; ``type`` only types the graph. Passes through
+    If branches and Loop bodies as any value does."""
+    node.attr("type")
+    return converted(m.Optional(), [node.input(0)])
+
+
+@register_converter("OptionalHasElement", (15, 18, 28))
+def optional_has_element(node: OnnxNode, ctx) -> Converted:
+    """True unless the input is an empty optional (None) or, since 18, absent."""
+    return converted(m.OptionalHasElement(), [node.input(0)])
+
+
+@register_converter("OptionalGetElement", (15, 18, 28))
+def optional_get_element(node: OnnxNode, ctx) -> Converted:
+    """The value held (since 18 a plain tensor or sequence passes through); an empty optional raises ValueError at
+    run time, as onnxruntime fails."""
+    return Converted(m.OptionalGetElement(), [node.input(0)])

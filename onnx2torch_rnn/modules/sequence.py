@@ -107,3 +107,35 @@ class ConcatFromSequence(_Attributes):
 
     def forward(self, sequence: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(sequence, self.axis) if self.new_axis else torch.cat(sequence, self.axis)
+
+
+class SequenceEmpty(_Attributes):
+    """A sequence with no tensors (its ``dtype`` only types the ONNX graph)."""
+
+    def forward(self) -> tuple[torch.Tensor, ...]:
+        return ()
+
+
+# An ONNX optional is, at run time, None when empty and else the tensor or sequence it holds.
+
+class Optional(_Attributes):
+    """The input as an optional (the value itself), or an empty one (None) without an input."""
+
+    def forward(self, value: torch.Tensor | Sequence[torch.Tensor] | None = None):
+        return value
+
+
+class OptionalHasElement(_Attributes):
+    """A bool scalar: whether the optional (or the plain tensor or sequence) holds a value; absent input: false."""
+
+    def forward(self, value: torch.Tensor | Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        return torch.tensor(value is not None)
+
+
+class OptionalGetElement(_Attributes):
+    """The value an optional holds (a plain tensor or sequence passes through); an empty one raises."""
+
+    def forward(self, value: torch.Tensor | Sequence[torch.Tensor] | None):
+        if value is None:
+            raise ValueError("OptionalGetElement of an empty optional")
+        return value

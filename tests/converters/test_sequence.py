@@ -1,10 +1,12 @@
 """Sequence ops against onnxruntime: SplitToSequence (every split form, keepdims, constant or run-time split),
 SequenceAt (constant or run-time position, negative, out of range), SequenceConstruct, SequenceInsert, SequenceErase,
-SequenceLength and ConcatFromSequence."""
+SequenceLength, ConcatFromSequence and SequenceEmpty; optionals (Optional, OptionalHasElement, OptionalGetElement)
+in If branches and Loop bodies."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -103,3 +105,67 @@ def test_insert_and_erase_refuse_positions_out_of_range(op, position):
     module = onnx2torch_rnn.convert(model)
     with pytest.raises(IndexError, match="out of range"):
         module(torch.zeros(2), torch.tensor(position))
+
+
+FLOAT_SEQ = helper.make_sequence_type_proto(helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None))
+
+
+@pytest.mark.parametrize("opset", [16, 18])  # Loop carries optionals since 16
+@pytest.mark.parametrize("trips", [0, 1, 4])
+def test_loop_carries_an_optional_sequence(trips, opset):
+    """conformance's test_loop16_seq_none, from an empty Optional: the body starts the sequence when the optional is
+    empty (If), else takes it out (OptionalGetElement), appends, and carries it on as an optional."""
+    then_branch = helper.make_graph([helper.make_node("SequenceEmpty", [], ["empty"], dtype=onnx.TensorProto.FLOAT)],
+                                    "then", [], [helper.make_value_info("empty", FLOAT_SEQ)])
+    else_branch = helper.make_graph([helper.make_node("OptionalGetElement", ["opt_in"], ["held"])],
+                                    "else", [], [helper.make_value_info("held", FLOAT_SEQ)])
+    body = helper.make_graph([
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("OptionalHasElement", ["opt_in"], ["has"]),
+        helper.make_node("Not", ["has"], ["none"]),
+        helper.make_node("If", ["none"], ["seq"], then_branch=then_branch, else_branch=else_branch),
+        helper.make_node("Cast", ["i"], ["i_float"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "i_float"], ["step"]),
+        helper.make_node("SequenceInsert", ["seq", "step"], ["longer"]),
+        helper.make_node("Optional", ["longer"], ["opt_out"]),
+    ], "body", [helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+                helper.make_tensor_value_info("cond_in", onnx.TensorProto.BOOL, []),
+                helper.make_value_info("opt_in", helper.make_optional_type_proto(FLOAT_SEQ))],
+        [helper.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []),
+         helper.make_value_info("opt_out", helper.make_optional_type_proto(FLOAT_SEQ))])
+    nodes = [helper.make_node("Optional", [], ["nothing"], type=FLOAT_SEQ),
+             helper.make_node("Loop", ["trips", "", "nothing"], ["final"], body=body),
+             helper.make_node("OptionalHasElement", ["final"], ["has"]),
+             helper.make_node("Optional", ["x"], ["x_opt"]),
+             helper.make_node("OptionalGetElement", ["x_opt"], ["x_back"])]
+    outputs = [("has", np.bool_, []), ("x_back", np.float32, [3])]
+    if trips:  # an empty optional's element is an error in both
+        nodes += [helper.make_node("OptionalGetElement", ["final"], ["seq"]),
+                  helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0)]
+        outputs.append(("y", np.float32, [None]))
+    model = make_model(nodes, [("x", np.float32, [3])], outputs, {"trips": np.array(trips, np.int64)}, opset=opset)
+    check(model, {"x": RNG.standard_normal(3).astype(np.float32)})
+
+
+@pytest.mark.parametrize("cond", [False, True])
+def test_if_returns_an_optional_tensor(cond):
+    """One branch an empty optional, the other a full one: OptionalHasElement tells them apart after the If."""
+    optional_tensor = helper.make_optional_type_proto(helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, [2]))
+    then_branch = helper.make_graph([helper.make_node("Optional", ["x"], ["full"])], "then", [],
+                                    [helper.make_value_info("full", optional_tensor)])
+    else_branch = helper.make_graph([helper.make_node("Optional", [], ["empty"], type=optional_tensor.optional_type
+                                                      .elem_type)], "else", [],
+                                    [helper.make_value_info("empty", optional_tensor)])
+    nodes = [helper.make_node("If", ["c"], ["opt"], then_branch=then_branch, else_branch=else_branch),
+             helper.make_node("OptionalHasElement", ["opt"], ["has"])]
+    model = make_model(nodes, [("c", np.bool_, []), ("x", np.float32, [2])], [("has", np.bool_, [])], opset=18)
+    module = check(model, {"c": np.array(cond), "x": np.ones(2, np.float32)})
+    assert any(type(m).__name__ == "If" for m in module.modules())
+
+
+def test_get_element_of_an_empty_optional_raises():
+    nodes = [helper.make_node("Optional", [], ["nothing"], type=helper.make_tensor_type_proto(1, [2])),
+             helper.make_node("OptionalGetElement", ["nothing"], ["y"])]
+    module = onnx2torch_rnn.convert(make_model(nodes, [], [("y", np.float32, [2])], opset=18))
+    with pytest.raises(ValueError, match="empty optional"):
+        module()
