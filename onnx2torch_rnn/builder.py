@@ -28,7 +28,7 @@ from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .node import Converted, OnnxNode, attribute_value
 from .passes import FUSION_DOMAIN, Fusion, recognise
-from .registry import normalize_domain, resolve, schema_for
+from .registry import NOT_FOLDABLE, normalize_domain, resolve, schema_for
 from .signature import META_KEY, record
 from .tensors import to_torch, torch_dtype
 
@@ -36,9 +36,6 @@ logger = logging.getLogger(__name__)  # DEBUG: one line per node (converter, mod
 
 RELEASE_MIN_ELEMENTS = 1024  # constants larger than this are dropped from the context after their last reader
 
-# Ops that must never be evaluated at conversion time, even when all their inputs are constants.
-NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                          "Bernoulli", "Dropout"})
 
 
 # Ops whose result holds every element of their input, rearranged or cast: folding one of a weight that another node

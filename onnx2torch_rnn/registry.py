@@ -19,6 +19,10 @@ Converter = Callable[[OnnxNode, "ConversionContext"], Converted]  # noqa: F821 -
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
+# Ops that must never be evaluated at conversion time, even when all their inputs are constants.
+NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                          "Bernoulli", "Dropout"})
+
 
 def normalize_domain(domain: str) -> str:
     return "" if domain in ONNX_DOMAINS else domain

@@ -17,7 +17,7 @@ import onnx2torch_rnn
 from onnx2torch_rnn.checking import run_onnxruntime
 from onnx2torch_rnn.recurrent import Recurrent, StackedRecurrent
 from tests.exporters.common import FLOAT16_TOLERANCE, MODELS, has_float16, manifest_input_sets, read_manifest
-from tests.helpers import make_model
+from tests.helpers import check, make_model
 
 TORCH = MODELS / "torch"
 MANIFEST = read_manifest(TORCH)
@@ -296,3 +296,14 @@ def test_tf2onnx_stacked_lstm_layers_become_one_module(file):
     entry = next(e for e in KERAS_MANIFEST["models"] if e["file"] == file)
     for feeds in manifest_input_sets(KERAS, entry, KERAS_MANIFEST["sizes"]):
         assert_matches_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.parametrize("file", ["mxnet_lstm_2layer.onnx", "mxnet_gru_2layer.onnx", "mxnet_rnn_relu_2layer.onnx"])
+def test_layers_whose_weights_are_computed_from_initializers_stack_too(file):
+    """MXNet slices every weight out of one flat blob: the weights are folded at conversion, so they are constants
+    for recognition too (and the slicing nodes stay outside the fusion, to be folded first)."""
+    model = onnx.load(MODELS / "patterns" / file)
+    module = check(model)
+    (stack,) = stacks(module)
+    assert len(stack.layers) == 2 and all(not layer.runtime_weights for layer in stack.layers)
+    assert check(model, seed=1) is not None

@@ -25,6 +25,7 @@ import onnx
 from ..errors import ConversionError
 from ..loading import LoadedModel
 from ..node import Converted
+from ..registry import NOT_FOLDABLE
 
 logger = logging.getLogger(__name__)  # INFO: one line per fusion (pattern, nodes replaced)
 
@@ -83,6 +84,7 @@ class GraphView:
         self.graph_outputs = {o.name for o in self.graph.output}
         self.graph_inputs = {i.name for i in self.graph.input}
         self.initializers = {t.name: t for t in self.graph.initializer}
+        self._constants: dict[str, bool] = {}
 
     def opset(self, node: onnx.NodeProto) -> int:
         return self.opsets.get(node.domain if node.domain not in ("", "ai.onnx") else "", 0)
@@ -90,6 +92,32 @@ class GraphView:
     def is_weight(self, name: str) -> bool:
         """An initializer of the main graph (not overridable by a graph input of the same name)."""
         return name in self.initializers and name not in self.graph_inputs
+
+    def is_constant(self, name: str) -> bool:
+        """Whether conversion knows the value: an initializer, or computed from initializers and Constants only (the
+        builder folds it, e.g. weights an exporter slices and concatenates out of one blob)."""
+        known = self._constants
+        pending = [name]
+        while pending:
+            value = pending[-1]
+            if value in known:
+                pending.pop()
+                continue
+            node = self.producer.get(value)
+            if self.is_weight(value) or (node is not None and node.op_type == "Constant"):
+                known[value] = True
+            elif node is None or node.op_type in NOT_FOLDABLE or any(
+                    a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+                known[value] = False
+            else:
+                inputs = [v for v in node.input if v]
+                unknown = [v for v in inputs if v not in known]
+                if unknown:
+                    pending += unknown
+                    continue
+                known[value] = all(known[v] for v in inputs)
+            pending.pop()
+        return known[name]
 
     def constant(self, name: str) -> np.ndarray | None:
         """The value of a Constant node's output or a small initializer, else None."""

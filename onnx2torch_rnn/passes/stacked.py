@@ -66,12 +66,13 @@ def _input(node: onnx.NodeProto, index: int) -> str:
 
 
 def _layer(view: GraphView, node: onnx.NodeProto) -> _Layer | None:
-    """A recurrent node that can be a layer: constant weights, layout 0, a known hidden size."""
+    """A recurrent node that can be a layer: constant weights (initializers, or computed from them: folded when the
+    graph is built), layout 0, a known hidden size."""
     if node.op_type not in RECURRENT or node.domain not in _NORMAL or not _input(node, 0):
         return None
-    if not (view.is_weight(_input(node, 1)) and view.is_weight(_input(node, 2))):
+    if not (view.is_constant(_input(node, 1)) and view.is_constant(_input(node, 2))):
         return None
-    if any(_input(node, k) and not view.is_weight(_input(node, k)) for k in (3, 7)):
+    if any(_input(node, k) and not view.is_constant(_input(node, k)) for k in (3, 7)):
         return None
     if attribute(node, "layout", 0) != 0:
         return None
@@ -469,8 +470,13 @@ def stacked_layers(view: GraphView):
         claimed.update(id(layer.node) for layer in stack.layers)
         yield Fusion("stacked_layers", f"{len(stack.layers)}-layer {stack.op_type}" if len(stack.layers) > 1
                      else stack.op_type, [layer.node for layer in stack.layers] + stack.nodes,
-                     [stack.x, *stack.sources, *[stack.lengths][:bool(stack.lengths)]], stack.outputs,
+                     [stack.x, *stack.sources, *[stack.lengths][:bool(stack.lengths)], *_weights(stack)], stack.outputs,
                      lambda ctx, stack=stack: _convert(ctx, stack))
+
+
+def _weights(stack: _Stack) -> list[str]:
+    """The layers' W, R, B, P: inputs of the fusion (the builder folds those computed from initializers first)."""
+    return [name for layer in stack.layers for k, name in enumerate(layer.node.input) if k in (1, 2, 3, 7) and name]
 
 
 def _convert(ctx, stack: _Stack) -> Converted:
