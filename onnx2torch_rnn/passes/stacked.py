@@ -4,13 +4,17 @@ torch.onnx writes an L-layer nn.LSTM as L LSTM nodes and glue: a Transpose to ti
 initial states that are zeros built from the input's shape (Shape -> Gather -> Unsqueeze -> Concat ->
 ConstantOfShape, then one Slice per layer) or slices of the given h0 / c0, between layers Y [T, D, N, H] ->
 Transpose(0, 2, 1, 3) -> Reshape(0, 0, -1) (two directions) or Squeeze(1) (one), after the last layer the same and a
-Transpose back, and Concat of the layers' Y_h / Y_c. All of it becomes one StackedRecurrent (or, for one layer
-without glue, the layer's own module without its zero states).
+Transpose back, and Concat of the layers' Y_h / Y_c. Other exporters vary it: dynamo computes the Reshape's target
+from the Transpose's shape and Expands a zero scalar; tf2onnx Unsqueezes zeros [N, H], casts shapes to int32 and
+back, and turns time-major and back between layers; MXNet and paddle compute the weights from initializers;
+PackedSequence sorts the rows by length around the layers (TopK, Gathers by the permutation and its inverse). All of
+it becomes one StackedRecurrent (or, for one layer without glue, the layer's own module without its zero states).
 
-What is proven before anything fires: every layer has constant weights, no sequence_lens and layout 0; each glue
-node has the attributes that make it exactly the merge of directions; a value the fusion drops is read only inside
-it; a dropped initial state is all zeros of exactly [D, N, H], N proven to be the batch dim of the first layer's input
-(the shape vector is traced to a Shape of that input or of what a batch/time Transpose made it from).
+What is proven before anything fires: every layer has constant weights (folded when the graph is built), layout 0
+and the same lengths; each glue node has the attributes (or a target shape traced symbolically) that make it exactly
+the merge of directions; a value the fusion drops is read only inside it; a dropped initial state is all zeros of
+exactly [D, N, H], N proven equal to the batch dim of the first layer's input (dims compared in a canonical form,
+``_dim``); a sort is undone by its own inverse.
 """
 
 from __future__ import annotations
@@ -380,11 +384,10 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
                          for layer in stack.layers for k in layer.states)
     if len(stack.layers) == 1 and not stack.nodes and not dropped_states:
         return None  # nothing to gain: the node converts as it is
-    if first.lengths and not view.is_weight(first.lengths):
+    if first.lengths and not view.is_constant(first.lengths):
         stack.lengths = first.lengths
         _unpack(view, stack)
     return stack
-
 
 
 def _cast_of(view: GraphView, name: str, to: int) -> str | None:
