@@ -24,6 +24,7 @@ import torch
 from torch import fx, nn
 
 from .errors import ConversionError, Onnx2TorchError, UnsupportedOperatorError, UnsupportedTypeError
+from .folding import FoldLimit, FoldTooLarge
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .node import Converted, OnnxNode, attribute_value
@@ -321,9 +322,7 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
                 name is None or ctx.is_constant(name) for name in result.inputs
             )
             if foldable:
-                with torch.no_grad():
-                    outputs = result.module(*(ctx.constant(name) for name in result.inputs))
-                # None (an empty optional) is no constant: it stays a run-time value
+                outputs = _fold(ctx, result)
                 foldable = outputs is not None and (
                     proto.op_type not in WHOLE_TENSOR_OPS or not _unties(ctx, result.inputs, outputs))
         except Onnx2TorchError:
@@ -378,6 +377,16 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
     # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
     module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))
     return Subgraph(module, captured)
+
+
+def _fold(ctx: ConversionContext, result: Converted):
+    """The node's outputs computed from its constant inputs, or None: it stays a run-time node when its result is
+    an empty optional (None is no constant) or a tensor over FOLD_LIMIT_BYTES (folding.py)."""
+    try:
+        with torch.no_grad(), FoldLimit():
+            return result.module(*(ctx.constant(name) for name in result.inputs))
+    except FoldTooLarge:
+        return None
 
 
 def _is_weight(value) -> bool:

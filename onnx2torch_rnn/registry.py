@@ -21,7 +21,8 @@ ONNX_DOMAINS = ("", "ai.onnx")
 
 # Ops that must never be evaluated at conversion time, even when all their inputs are constants.
 NOT_FOLDABLE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                          "Bernoulli", "Dropout"})
+                          "Bernoulli", "Dropout",
+                          "Loop"})  # a constant trip count of 10**12 would hang conversion
 
 
 def normalize_domain(domain: str) -> str:
