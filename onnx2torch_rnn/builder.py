@@ -37,8 +37,6 @@ logger = logging.getLogger(__name__)  # DEBUG: one line per node (converter, mod
 
 RELEASE_MIN_ELEMENTS = 1024  # constants larger than this are dropped from the context after their last reader
 
-
-
 # Ops whose result holds every element of their input, rearranged or cast: folding one of a weight that another node
 # also reads would copy that weight (see _unties).
 WHOLE_TENSOR_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "CastLike",
@@ -247,8 +245,10 @@ def _log(ctx: ConversionContext, node: OnnxNode, version: int, where: str, modul
                  "folded (constant at conversion)" if module is None else _describe(module))
 
 
-def convert_node(ctx: ConversionContext, proto: onnx.NodeProto, name: str | None = None) -> Converted:
-    """Run a node's converter (``resolve``d for the context's opset), refusing attributes it did not read."""
+def convert_node(ctx: ConversionContext, proto: onnx.NodeProto,
+                 name: str | None = None) -> tuple[Converted, int, Callable]:
+    """Run a node's converter (``resolve``d once, for the context's opset), refusing attributes it did not read.
+    Returns the result, the since_version it was converted under and the converter."""
     domain = normalize_domain(proto.domain)
     converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
     node = OnnxNode(proto, name or proto.name, version, schema_for(domain, proto.op_type, ctx.opsets[domain]))
@@ -257,7 +257,7 @@ def convert_node(ctx: ConversionContext, proto: onnx.NodeProto, name: str | None
     if unread:
         attribute = next(a for a in proto.attribute if a.name == unread[0])
         raise node.unsupported(attribute.name, attribute_value(attribute), "the converter does not read it")
-    return result
+    return result, version, converter
 
 
 def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
@@ -315,9 +315,8 @@ def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
                 node.op_type = fusion.op_type
                 result, version, where = fusion.convert(ctx), 1, f"pattern {fusion.pattern}"
             else:
-                converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
+                result, version, converter = convert_node(ctx, proto, node.name)
                 where = f"{converter.__module__.removeprefix('onnx2torch_rnn.')}.{converter.__qualname__}"
-                result = convert_node(ctx, proto, node.name)
             foldable = fusion is None and proto.op_type not in NOT_FOLDABLE and all(
                 name is None or ctx.is_constant(name) for name in result.inputs
             )

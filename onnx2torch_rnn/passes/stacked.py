@@ -501,7 +501,7 @@ def _convert(ctx, stack: _Stack) -> Converted:
         while len(flags) > 1 and not flags[-1]:
             flags.pop()
         proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
-        converted = convert_node(ctx, proto)
+        converted, _, _ = convert_node(ctx, proto)
         if any(name is not None for k, name in enumerate(converted.inputs[1:], 1) if k != 4) or (
                 converted.inputs[4] not in (None, layer.lengths)):
             raise AssertionError("a recognised layer must take only X and its lengths at run time")
