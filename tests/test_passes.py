@@ -307,3 +307,18 @@ def test_layers_whose_weights_are_computed_from_initializers_stack_too(file):
     (stack,) = stacks(module)
     assert len(stack.layers) == 2 and all(not layer.runtime_weights for layer in stack.layers)
     assert check(model, seed=1) is not None
+
+
+@pytest.mark.parametrize("file", ["keras3_bi_lstm_concat.onnx", "tf_keras_bi_lstm_concat.onnx"])
+def test_tf2onnx_bidirectional_layer_loses_its_glue(file):
+    """tf2onnx's Bidirectional: zero states as a Concat of two Unsqueezed zeros, and the directions merged by a Slice
+    and a Squeeze each, then a Concat on the last axis (the same as Transpose + Reshape)."""
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    (stack,) = stacks(module)
+    assert stack.merge_output and stack.batch_first and stack.batch_first_output
+    assert stack.initial_h == (None,) and stack.initial_c == (None,)
+    assert top_level_modules(module) == [StackedRecurrent]
+    entry = next(e for e in KERAS_MANIFEST["models"] if e["file"] == file)
+    for feeds in manifest_input_sets(KERAS, entry, KERAS_MANIFEST["sizes"]):
+        assert_matches_onnxruntime(module, model, feeds)

@@ -5,8 +5,9 @@ initial states that are zeros built from the input's shape (Shape -> Gather -> U
 ConstantOfShape, then one Slice per layer) or slices of the given h0 / c0, between layers Y [T, D, N, H] ->
 Transpose(0, 2, 1, 3) -> Reshape(0, 0, -1) (two directions) or Squeeze(1) (one), after the last layer the same and a
 Transpose back, and Concat of the layers' Y_h / Y_c. Other exporters vary it: dynamo computes the Reshape's target
-from the Transpose's shape and Expands a zero scalar; tf2onnx Unsqueezes zeros [N, H], casts shapes to int32 and
-back, and turns time-major and back between layers; MXNet and paddle compute the weights from initializers;
+from the Transpose's shape and Expands a zero scalar; tf2onnx Unsqueezes zeros [N, H] (Concat of two for two
+directions), casts shapes to int32 and back, merges directions with a Slice and Squeeze each and a Concat, and turns
+time-major and back between layers; MXNet and paddle compute the weights from initializers;
 PackedSequence sorts the rows by length around the layers (TopK, Gathers by the permutation and its inverse). All of
 it becomes one StackedRecurrent (or, for one layer without glue, the layer's own module without its zero states).
 
@@ -97,6 +98,8 @@ def _merge(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] |
     first = view.only_consumer(layer.node.output[0]) if layer.node.output else None
     if layer.directions == 1 and _op(first, "Squeeze") and _axes(view, first, 1) in ([1], [-3]):
         return first.output[0], [first]
+    if layer.directions == 2 and first is None:
+        return _merge_directions(view, layer)
     if not (_op(first, "Transpose") and attribute(first, "perm") == [0, 2, 1, 3]):
         return None
     readers = view.consumers.get(first.output[0], [])
@@ -114,6 +117,29 @@ def _merge(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] |
             and _shape_vector(view, second.input[1]) == merged):
         return second.output[0], [first, second, *shape_nodes]
     return None
+
+
+def _merge_directions(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.NodeProto]] | None:
+    """tf2onnx's merge of two directions: Y sliced to [T, 1, N, H] per direction along axis 1, each Squeezed, then
+    Concat(forward, reverse) on the last axis: [T, N, 2H], the same as Transpose(0, 2, 1, 3) + Reshape(0, 0, -1)."""
+    squeezed = {}
+    nodes = []
+    for reader in view.consumers.get(layer.node.output[0], []):
+        step = view.opset(reader) >= 10 and _input(reader, 3) and view.ints(_input(reader, 3)) == [1] and (
+            not _input(reader, 4) or view.ints(_input(reader, 4)) == [1])
+        starts, ends = view.ints(_input(reader, 1)), view.ints(_input(reader, 2))
+        if not (_op(reader, "Slice") and step and starts and ends and [starts[0], min(ends[0], 2)] in ([0, 1], [1, 2])):
+            return None
+        squeeze = view.only_consumer(reader.output[0])
+        if not (_op(squeeze, "Squeeze") and _axes(view, squeeze, 1) in ([1], [-3])):
+            return None
+        squeezed[starts[0]] = squeeze.output[0]
+        nodes += [reader, squeeze]
+    concat = view.only_consumer(squeezed.get(0, "")) if len(squeezed) == 2 else None
+    if not (_op(concat, "Concat") and attribute(concat, "axis") in (2, -1) and list(concat.input) == [
+            squeezed[0], squeezed[1]] and view.only_consumer(squeezed[1]) is concat):
+        return None
+    return concat.output[0], [*nodes, concat]
 
 
 def _cancelled_transposes(view: GraphView, value: str) -> tuple[str, list[onnx.NodeProto]]:
@@ -273,9 +299,18 @@ def _unknown(view: GraphView, name: str) -> list | None:
 
 
 def _zeros(view: GraphView, name: str, layer: _Layer, batch) -> bool:
-    """Whether ``name`` is all zeros of shape [D, N, H] in the weights' type, N the ``batch`` dim: ConstantOfShape,
-    or a zero constant Expanded to a shape, optionally sliced along the first axis."""
+    """Whether ``name`` is all zeros of shape [D, N, H] in the weights' type, N the ``batch`` dim."""
+    return _zero_rows(view, name, layer, batch) == layer.directions
+
+
+def _zero_rows(view: GraphView, name: str, layer: _Layer, batch) -> int | None:
+    """How many rows of [rows, N, H] zeros ``name`` is proven to be: ConstantOfShape, or a zero constant Expanded to
+    a shape, maybe sliced along the first axis or Unsqueezed from [N, H]; or a Concat of such along the first axis
+    (tf2onnx's bidirectional layers). None when not proven."""
     node, rows, prefix = view.producer.get(name), None, []
+    if _op(node, "Concat") and attribute(node, "axis") in (0, -3):
+        parts = [_zero_rows(view, part, layer, batch) for part in node.input]
+        return None if None in parts else sum(parts)
     if _op(node, "Slice"):
         rows = _slice(view, node)
         node = view.producer.get(node.input[0]) if rows is not None else None
@@ -290,15 +325,16 @@ def _zeros(view: GraphView, name: str, layer: _Layer, batch) -> bool:
         dtype = view.elem_type(node.input[0])
         zero = value is not None and value.size == 1 and value.ndim <= 1 and not value.any()
     else:
-        return False
+        return None
     if not zero or dtype != view.elem_type(layer.node.input[1]):
-        return False
+        return None
     shape = _shape_vector(view, node.input[1] if node.op_type == "Expand" else node.input[0])
     shape = None if shape is None else prefix + shape
     if shape is None or len(shape) != 3 or not isinstance(shape[0], int) or shape[2] != layer.hidden:
-        return False
-    count = shape[0] if rows is None else len(range(shape[0])[rows[0]:rows[1]])
-    return count == layer.directions and batch is not None and shape[1] == batch
+        return None
+    if batch is None or shape[1] != batch:
+        return None
+    return shape[0] if rows is None else len(range(shape[0])[rows[0]:rows[1]])
 
 
 def _states(view: GraphView, stack: _Stack, layer: _Layer, batch) -> None:
