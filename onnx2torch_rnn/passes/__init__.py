@@ -75,6 +75,7 @@ class GraphView:
         self.loaded = loaded
         self.graph = loaded.proto.graph
         self.nodes: list[onnx.NodeProto] = list(self.graph.node)
+        self.position = {id(n): i for i, n in enumerate(self.nodes)}  # a node's index in graph order
         self.opsets = loaded.opsets
         self.producer: dict[str, onnx.NodeProto] = {o: n for n in self.nodes for o in n.output if o}
         self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -282,20 +283,20 @@ def _absorb_feeders(view: GraphView, fusion: Fusion, replaced: set[int]) -> None
     its glue): once it is fused, nothing else reads them. ``replaced``: nodes of earlier fusions."""
     inside = {id(n) for n in fusion.nodes}
     needed = set(fusion.inputs)
-    changed = True
-    while changed:
-        changed = False
-        for node in reversed(view.nodes):
-            if id(node) in inside or id(node) in replaced or not node.output:
-                continue
-            outputs = [o for o in node.output if o]
-            readers = [c for o in outputs for c in view.consumers.get(o, [])]
-            if readers and all(id(c) in inside for c in readers) and not any(
-                    o in view.graph_outputs or o in needed for o in outputs):
-                fusion.nodes.append(node)
-                inside.add(id(node))
-                changed = True
-    fusion.nodes.sort(key=view.nodes.index)
+    # a worklist of the producers of what members read: each node is looked at again only when a reader joins
+    pending = [view.producer[v] for n in fusion.nodes for v in _reads(n) if v in view.producer]
+    while pending:
+        node = pending.pop()
+        if id(node) in inside or id(node) in replaced:
+            continue
+        outputs = [o for o in node.output if o]
+        readers = [c for o in outputs for c in view.consumers.get(o, [])]
+        if readers and all(id(c) in inside for c in readers) and not any(
+                o in view.graph_outputs or o in needed for o in outputs):
+            fusion.nodes.append(node)
+            inside.add(id(node))
+            pending += [view.producer[v] for v in _reads(node) if v in view.producer]
+    fusion.nodes.sort(key=lambda n: view.position[id(n)])
     produced = {o for n in fusion.nodes for o in n.output}
     reads = dict.fromkeys(name for n in fusion.nodes for name in _reads(n) if name not in produced)
     fusion.inputs = list(dict.fromkeys([*fusion.inputs, *reads]))

@@ -229,8 +229,8 @@ def _dim(view: GraphView, name: str, axis: int):
                 return wanted if isinstance(wanted, tuple) or (isinstance(wanted, int) and wanted > 0) else None
         elif _op(node, "Transpose") and attribute(node, "perm") is not None and axis < len(attribute(node, "perm")):
             name, axis = node.input[0], attribute(node, "perm")[axis]
-        elif _op(node, "Squeeze") and _squeezed(view, node) is not None:
-            kept = [k for k in range(_rank(view, node.input[0])) if k not in _squeezed(view, node)]
+        elif _op(node, "Squeeze") and (squeezed := _squeezed(view, node)) is not None:
+            kept = [k for k in range(_rank(view, node.input[0])) if k not in squeezed]
             if axis >= len(kept):
                 return None
             name, axis = node.input[0], kept[axis]
