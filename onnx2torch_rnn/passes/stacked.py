@@ -488,6 +488,7 @@ def _inverse(view: GraphView, order: str) -> tuple[str | None, list[onnx.NodePro
             continue
         limit = view.producer.get(_cast_of(view, steps.input[1], _INT64) or "")
         if not (_op(limit, "ReduceProd") and attribute(limit, "keepdims", 1) == 0 and len(limit.input) == 1
+                and attribute(limit, "axes", [0]) in ([0], [-1]) and not attribute(limit, "noop_with_empty_axes", 0)
                 and _shape_vector(view, limit.input[0]) == [_dim(view, order, 0)]):
             continue
         nodes = _computing(view, scatter.output[0], order, (*_SHAPE_OPS, "ScatterElements", "ConstantOfShape",
