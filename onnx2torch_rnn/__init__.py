@@ -18,6 +18,7 @@ from .checking import compare
 from .errors import (
     ConversionError,
     ExportError,
+    GraphConversionError,
     InvalidModelError,
     Onnx2TorchError,
     UnsupportedAttributeError,
@@ -38,6 +39,7 @@ __all__ = [
     "Converted",
     "ExportError",
     "Fusion",
+    "GraphConversionError",
     "GraphView",
     "InvalidModelError",
     "Onnx2TorchError",

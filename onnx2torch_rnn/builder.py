@@ -1,11 +1,15 @@
 """ONNX graph -> torch.fx GraphModule.
 
-Plan first (every node must have a converter: one error lists all that do not), then walk the nodes in order
-with one map {ONNX value name -> fx.Node}. A node whose run-time inputs are all constants is folded: its module
-runs once here and its outputs become constants, so weights an exporter computes from initializers reach their
-consumer as plain tensors. Constants consumed at run time become attributes of the GraphModule: float tensors
-``nn.Parameter`` (trainable), scalars and integer tensors buffers. One parameter per ONNX value, so tied
-weights stay tied.
+The pipeline, as ``build`` runs it::
+
+    load (loading.py) -> recognise (passes/: spelled-out recurrences become fused nodes)
+      -> plan (make_plan: each node's converter, all unsupported ops at once, what each node reads last)
+      -> build (_GraphBuilder: one fx.Graph per graph, with one map {ONNX value name -> fx.Node})
+
+A node whose run-time inputs are all constants is folded: its module runs once here and its outputs become
+constants, so weights an exporter computes from initializers reach their consumer as plain tensors. Constants
+consumed at run time become attributes of the GraphModule: float tensors ``nn.Parameter`` (trainable), scalars and
+integer tensors buffers. One parameter per ONNX value, so tied weights stay tied.
 """
 
 from __future__ import annotations
@@ -23,13 +27,19 @@ import onnx
 import torch
 from torch import fx, nn
 
-from .errors import ConversionError, Onnx2TorchError, UnsupportedOperatorError, UnsupportedTypeError
+from .errors import (
+    ConversionError,
+    GraphConversionError,
+    Onnx2TorchError,
+    UnsupportedOperatorError,
+    UnsupportedTypeError,
+)
 from .folding import FoldLimit, FoldTooLarge
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .node import Converted, OnnxNode, attribute_value
-from .passes import FUSION_DOMAIN, Fusion, recognise
-from .registry import NOT_FOLDABLE, normalize_domain, resolve, schema_for
+from .passes import FUSION_DOMAIN, Fusion, Recognised, recognise
+from .registry import NOT_FOLDABLE, Converter, normalize_domain, resolve, schema_for
 from .signature import META_KEY, record
 from .tensors import to_torch, torch_dtype
 
@@ -70,14 +80,15 @@ class ConversionContext:
     """What converters may ask about a graph: constant values, static types and shapes, opsets, subgraphs.
 
     A subgraph (If/Loop/Scan body) gets a child context: constants of enclosing graphs stay visible to its
-    converters (e.g. a Reshape target defined outside the loop).
+    converters (e.g. a Reshape target defined outside the loop). ``plan``: the graph's plan (default: made here).
     """
 
     # Derives the value of a run-time value that conversion can nonetheless know (shape arithmetic on the static
     # dims that graph inputs declare), or None; installed by converters/shape.py, which owns shape expressions.
     derive_constant: ClassVar[Callable[[ConversionContext, str], torch.Tensor | None] | None] = None
 
-    def __init__(self, loaded: LoadedModel, graph: onnx.GraphProto, parent: ConversionContext | None = None):
+    def __init__(self, loaded: LoadedModel, graph: onnx.GraphProto, parent: ConversionContext | None = None,
+                 plan: Plan | None = None):
         self.loaded = loaded
         self.opsets = loaded.opsets
         self.parent = parent
@@ -85,7 +96,9 @@ class ConversionContext:
         self._constants: dict[str, torch.Tensor] = {}
         self._underivable: set[str] = set()
         self.assumed_inputs: dict[str, None] = {}  # graph inputs whose declared static dims a derived value uses
-        self.fusions: dict[str, Fusion] = {}  # fused node name -> what recognition proved it computes
+        if plan is None:  # a body's plan counts uses of the whole model: its parent's
+            plan = make_plan(graph, self.opsets, uses=None if parent is None else parent.plan.uses)
+        self.plan = plan
 
     def assume_declared_dims(self, name: str) -> None:
         """A derived constant relies on the static dims graph input ``name`` declares: the module checks them."""
@@ -163,13 +176,15 @@ class ConversionContext:
         one must stay one parameter of the GraphModule so that tied weights stay tied.
         """
         value = self.constant(name)
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or self.loaded.uses[name] > 1:
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or self.plan.uses[name] > 1:
             return None
         return value
 
     def subgraph(self, graph: onnx.GraphProto) -> Subgraph:
         """Convert a control-flow body. Its module takes the body's inputs, then the captured outer values."""
-        return _build_graph(ConversionContext(self.loaded, graph, parent=self), graph)
+        known = self.plan.bodies.get(id(graph))
+        plan = known if known is not None and known.graph is graph else None  # None: one the converter made
+        return _GraphBuilder(ConversionContext(self.loaded, graph, parent=self, plan=plan)).build()
 
 
 @dataclass
@@ -178,39 +193,91 @@ class Subgraph:
     captured: list[str]  # outer-scope values the body reads, passed after its own inputs
 
 
-def check_supported(graph: onnx.GraphProto, opsets: dict[str, int], nodes: list[onnx.NodeProto] | None = None) -> None:
-    """One UnsupportedOperatorError listing every op without a converter, subgraphs included. ``nodes``: the main
-    graph's nodes after recognition (a fused node stands for nodes that need no converter of their own)."""
-    missing = defaultdict(list)
-    main = list(graph.node) if nodes is None else nodes
-    bodies = [body for node in main for attribute in node.attribute
-              for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
-    for g in [main, *(sub.node for body in bodies for sub in subgraphs(body))]:
-        for index, node in enumerate(g):
-            domain = normalize_domain(node.domain)
-            if domain == FUSION_DOMAIN:
-                continue
-            opset = opsets.get(domain)
-            if opset is None or resolve(domain, node.op_type, opset) is None:
-                missing[(domain, node.op_type, opset or 0)].append(node.name or f"#{index}")
+@dataclass
+class Step:
+    """One node of a plan: what converts it."""
+
+    proto: onnx.NodeProto
+    name: str  # unique and non-empty, also when the ONNX node has no name
+    converter: Converter | None  # None for a fused node
+    version: int  # the since_version it converts under (1 for a fused node)
+    schema: onnx.defs.OpSchema | None
+    fusion: Fusion | None  # for a fused node: what recognition proved it computes
+    release: list[str]  # values this node is the last in its graph to read: dropped after it (ctx.release)
+
+
+@dataclass
+class Plan:
+    """What building a graph needs to know before its first node converts, worked out once by ``make_plan``."""
+
+    graph: onnx.GraphProto
+    steps: list[Step]  # one per node, in order (after recognition for the main graph)
+    captured: list[str]  # values read from enclosing scopes (a body's extra inputs), in order of first use
+    uses: Counter  # value name -> node inputs and graph outputs that read it, in every graph of the model
+    bodies: dict[int, Plan]  # id of a subgraph of its nodes -> its plan (which holds it: the id stays its own)
+
+
+def make_plan(graph: onnx.GraphProto, opsets: dict[str, int], nodes: list[onnx.NodeProto] | None = None,
+              fusions: dict[str, Fusion] | None = None, *, uses: Counter | None = None) -> Plan:
+    """The plan of a graph, its nodes' bodies included: every node's converter resolved for the model's opsets, or
+    one UnsupportedOperatorError listing every op that has none. ``nodes``: the graph's nodes after recognition (a
+    fused node, described in ``fusions``, stands for nodes that need no converter of their own). ``uses``: the
+    model's, for a body planned on its own; counted here otherwise."""
+    if uses is None:
+        graphs = list(subgraphs(graph))
+        uses = Counter(name for g in graphs for node in g.node for name in node.input if name)
+        uses.update(output.name for g in graphs for output in g.output)
+    missing: dict[tuple[str, str, int], list[str]] = defaultdict(list)
+    plan = _plan(graph, list(graph.node) if nodes is None else nodes, fusions or {}, opsets, uses, missing)
     if missing:
         raise UnsupportedOperatorError(missing)
+    return plan
+
+
+def _plan(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], fusions: dict[str, Fusion], opsets: dict[str, int],
+          uses: Counter, missing: dict[tuple[str, str, int], list[str]]) -> Plan:
+    """``make_plan`` for one graph, then for its nodes' bodies (depth first); ops without a converter go to
+    ``missing``, with the names of their nodes."""
+    last_reader = {name: index for index, node in enumerate(nodes) for name in _reads(node)}
+    for info in graph.output:  # graph outputs are read at the end
+        last_reader.pop(info.name, None)
+    release = defaultdict(list)
+    for name, index in last_reader.items():
+        release[index].append(name)
+    plan = Plan(graph, [], _free_names(graph, nodes), uses, {})
+    for index, node in enumerate(nodes):
+        domain = normalize_domain(node.domain)
+        step = Step(node, node.name or f"{node.op_type}_{index}", None, 1, None, None, release[index])
+        if domain == FUSION_DOMAIN and node.name in fusions:
+            step.fusion = fusions[node.name]
+        elif (found := resolve(domain, node.op_type, opsets[domain]) if domain in opsets else None) is None:
+            missing[(domain, node.op_type, opsets.get(domain, 0))].append(node.name or f"#{index}")
+        else:
+            step.converter, step.version = found
+            step.schema = schema_for(domain, node.op_type, opsets[domain])
+        plan.steps.append(step)
+    for node in nodes:
+        for body in _bodies(node):
+            plan.bodies[id(body)] = _plan(body, list(body.node), {}, opsets, uses, missing)
+    return plan
+
+
+def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """A node's subgraphs (If branches, Loop and Scan bodies), in attribute order."""
+    return [body for attribute in node.attribute
+            for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
 
 
 def _reads(node: onnx.NodeProto) -> list[str]:
     """The values a node reads: its inputs and what its subgraphs read from enclosing scopes."""
-    reads = [name for name in node.input if name]
-    for attribute in node.attribute:
-        for body in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-            reads += _free_names(body)
-    return reads
+    return [name for name in node.input if name] + [name for body in _bodies(node) for name in _free_names(body)]
 
 
-def _free_names(graph: onnx.GraphProto) -> list[str]:
-    """Values a (sub)graph reads from enclosing scopes, in order of first use."""
+def _free_names(graph: onnx.GraphProto, nodes: list[onnx.NodeProto] | None = None) -> list[str]:
+    """Values a (sub)graph reads from enclosing scopes, in order of first use. ``nodes``: its nodes, if not its own."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     free: dict[str, None] = {}
-    for node in graph.node:
+    for node in graph.node if nodes is None else nodes:
         free.update((name, None) for name in _reads(node) if name not in defined)
         defined.update(node.output)
     free.update((o.name, None) for o in graph.output if o.name not in defined)
@@ -221,12 +288,14 @@ def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = Non
           fuse: bool = True) -> fx.GraphModule:
     """``progress(done, total)`` is called after each node of the main graph. ``fuse``: apply the recognition
     patterns (passes/) first, so that recurrences an exporter spelled out convert as one recurrent module."""
-    ctx = ConversionContext(loaded, loaded.proto.graph)
-    recognised = recognise(loaded) if fuse else None
-    check_supported(loaded.proto.graph, loaded.opsets, None if recognised is None else recognised.nodes)
-    if recognised is not None:
-        ctx.fusions = recognised.fusions
-    module = _build_graph(ctx, loaded.proto.graph, progress, None if recognised is None else recognised.nodes).module
+    graph = loaded.proto.graph
+    recognised = recognise(loaded) if fuse else Recognised(list(graph.node))
+    plan = make_plan(graph, loaded.opsets, recognised.nodes, recognised.fusions)
+    if plan.captured:  # what a body reads from outside is computed there; the main graph has no outside
+        shown = ", ".join(repr(name) for name in plan.captured[:5]) + (
+            f" and {len(plan.captured) - 5} more" if len(plan.captured) > 5 else "")
+        raise GraphConversionError(graph.name, f"no earlier node, graph input or initializer computes {shown}")
+    module = _GraphBuilder(ConversionContext(loaded, graph, plan=plan)).build(progress).module
     module.meta[META_KEY] = record(loaded.proto, loaded.types)  # names, dtypes and dims, for to_onnx
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
 
@@ -247,135 +316,176 @@ def _log(ctx: ConversionContext, node: OnnxNode, version: int, where: str, modul
 
 def convert_node(ctx: ConversionContext, proto: onnx.NodeProto,
                  name: str | None = None) -> tuple[Converted, int, Callable]:
-    """Run a node's converter (``resolve``d once, for the context's opset), refusing attributes it did not read.
-    Returns the result, the since_version it was converted under and the converter."""
+    """Run a node's converter (``resolve``d for the context's opset), refusing attributes it did not read.
+    Returns the result, the since_version it was converted under and the converter. For a node that is not in the
+    plan (e.g. a layer that a fused node converts); the builder converts the plan's nodes with their own."""
     domain = normalize_domain(proto.domain)
     converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
     node = OnnxNode(proto, name or proto.name, version, schema_for(domain, proto.op_type, ctx.opsets[domain]))
+    return _run_converter(ctx, node, converter), version, converter
+
+
+def _run_converter(ctx: ConversionContext, node: OnnxNode, converter: Converter) -> Converted:
     result = converter(node, ctx)
     unread = node.unread_attributes()
     if unread:
-        attribute = next(a for a in proto.attribute if a.name == unread[0])
+        attribute = next(a for a in node.proto.attribute if a.name == unread[0])
         raise node.unsupported(attribute.name, attribute_value(attribute), "the converter does not read it")
-    return result, version, converter
+    return result
 
 
-def _build_graph(ctx: ConversionContext, graph_proto: onnx.GraphProto,
-                 progress: Callable[[int, int], None] | None = None,
-                 nodes: list[onnx.NodeProto] | None = None) -> Subgraph:
-    """``nodes``: the graph's nodes after recognition (default: as written)."""
-    nodes = list(graph_proto.node) if nodes is None else nodes
-    is_subgraph = ctx.parent is not None
-    root, graph = nn.Module(), fx.Graph()
-    attribute_names = _Names(dir(root))
-    env: dict[str, fx.Node] = {}
-    constant_nodes: dict[str, fx.Node] = {}
+class _GraphBuilder:
+    """Builds one graph's GraphModule from its plan, with one method per kind of value and node, as torch.fx's
+    Interpreter has one per kind of fx node: graph inputs, constants (initializers and folded values), ordinary and
+    fused nodes, outputs. A control-flow body gets a builder of its own (ConversionContext.subgraph).
 
-    def value(name: str | None) -> fx.Node | None:
-        if name is None:
-            return None
-        if name in env:
-            return env[name]
-        if name not in constant_nodes:
-            value = ctx.constant(name)
+    ``env`` maps each ONNX value computed at run time to its fx.Node; a constant becomes an attribute of the module
+    when a run-time node first reads it. A failure at a node raises an error naming it; one after the last node
+    raises GraphConversionError.
+    """
+
+    def __init__(self, ctx: ConversionContext):
+        self.ctx, self.plan = ctx, ctx.plan
+        self.root, self.graph = nn.Module(), fx.Graph()
+        self.attribute_names = _Names(dir(self.root))
+        self.placeholder_names = _Names(("self",))  # forward's own first argument
+        self.env: dict[str, fx.Node] = {}
+        self.constants: dict[str, fx.Node | tuple[fx.Node, ...]] = {}  # ONNX value -> its attribute(s)
+
+    def build(self, progress: Callable[[int, int], None] | None = None) -> Subgraph:
+        """``progress(done, total)`` after each node."""
+        for info in self.plan.graph.input:
+            self.graph_input(info)
+        # A body reads outer values as extra inputs: gradients then reach the outer parameters.
+        captures = {name: self.placeholder(name) for name in self.plan.captured}
+        for index, step in enumerate(self.plan.steps):
+            self.node(step)
+            if progress is not None:
+                progress(index + 1, len(self.plan.steps))
+            for name in step.release:
+                self.ctx.release(name)
+        try:
+            return self.finish(captures)
+        except Onnx2TorchError:
+            raise
+        except Exception as error:
+            raise GraphConversionError(self.plan.graph.name, f"{type(error).__name__}: {error}") from error
+
+    def placeholder(self, name: str) -> fx.Node:
+        self.env[name] = self.graph.placeholder(self.placeholder_names(name))
+        return self.env[name]
+
+    def graph_input(self, info: onnx.ValueInfoProto) -> None:
+        if not self.ctx.is_local_constant(info.name):  # an input with an initializer of the same name is a constant
+            _check_input_type(info)
+            self.placeholder(info.name)
+
+    def value(self, name: str | None) -> fx.Node | tuple[fx.Node, ...] | None:
+        """What reads ``name`` at run time: the node computing it, or the attribute holding its constant value."""
+        if name is None or name in self.env:
+            return None if name is None else self.env[name]
+        if name not in self.constants:
+            value = self.ctx.constant(name)
             if value is None:
-                raise ConversionError("<graph>", "-", f"value {name!r} is used before it is computed")
+                raise LookupError(f"value {name!r} is used before it is computed")
             # a folded sequence (SequenceConstruct, SplitToSequence of constants): a tuple of attributes
-            constant_nodes[name] = tuple(attribute(f"{name}_{i}", t) for i, t in enumerate(value)) if isinstance(
-                value, tuple | list) else attribute(name, value)
-        return constant_nodes[name]
+            self.constants[name] = tuple(self.attribute(f"{name}_{i}", t) for i, t in enumerate(value)) \
+                if isinstance(value, tuple | list) else self.attribute(name, value)
+        return self.constants[name]
 
-    def attribute(name: str, tensor: torch.Tensor) -> fx.Node:
-        target = attribute_names(name)
+    def attribute(self, name: str, tensor: torch.Tensor) -> fx.Node:
+        target = self.attribute_names(name)
         # Weights train; a scalar (an epsilon, a clip bound, the 1 in 1 - z) is a constant, not a weight.
         if tensor.is_floating_point() and tensor.numel() > 1:
-            root.register_parameter(target, nn.Parameter(tensor))
+            self.root.register_parameter(target, nn.Parameter(tensor))
         else:
-            root.register_buffer(target, tensor)
-        return graph.get_attr(target)
+            self.root.register_buffer(target, tensor)
+        return self.graph.get_attr(target)
 
-    placeholder_names = _Names(("self",))  # forward's own first argument
-    for info in graph_proto.input:
-        if not ctx.is_local_constant(info.name):  # an input with an initializer of the same name is a constant
-            _check_input_type(info)
-            env[info.name] = graph.placeholder(placeholder_names(info.name))
-    # A body reads outer values as extra inputs: gradients then reach the outer parameters.
-    captured = _free_names(graph_proto) if is_subgraph else []
-    capture_nodes = {name: graph.placeholder(placeholder_names(name)) for name in captured}
-    env.update(capture_nodes)
-
-    remaining = Counter(name for proto in nodes for name in _reads(proto))
-    remaining.update(info.name for info in graph_proto.output)  # graph outputs are read at the end
-    for index, proto in enumerate(nodes):
-        domain = normalize_domain(proto.domain)
-        fusion = ctx.fusions.get(proto.name) if domain == FUSION_DOMAIN else None
-        node = OnnxNode(proto, proto.name or f"{proto.op_type}_{index}", 1, None)
+    def node(self, step: Step) -> None:
+        """Convert a node: its outputs become constants when it folds, else values its module computes."""
+        node = OnnxNode(step.proto, step.name, step.version, step.schema)
         try:
-            if fusion is not None:
-                node.op_type = fusion.op_type
-                result, version, where = fusion.convert(ctx), 1, f"pattern {fusion.pattern}"
+            result, where = self.fused(step, node) if step.fusion is not None else self.ordinary(step, node)
+            outputs = self.fold(step, result)
+            if logger.isEnabledFor(logging.DEBUG):
+                _log(self.ctx, node, step.version, where, None if outputs is not None else result.module)
+            if outputs is not None:
+                for name, tensor in _per_output(node, outputs):
+                    self.ctx.set_constant(name, tensor)
             else:
-                result, version, converter = convert_node(ctx, proto, node.name)
-                where = f"{converter.__module__.removeprefix('onnx2torch_rnn.')}.{converter.__qualname__}"
-            foldable = fusion is None and proto.op_type not in NOT_FOLDABLE and all(
-                name is None or ctx.is_constant(name) for name in result.inputs
-            )
-            if foldable:
-                outputs = _fold(ctx, result)
-                foldable = outputs is not None and (
-                    proto.op_type not in WHOLE_TENSOR_OPS or not _unties(ctx, result.inputs, outputs))
+                self.call(step, node, result)
         except Onnx2TorchError:
             raise
         except Exception as error:
             raise ConversionError(node.name, node.op_type, f"{type(error).__name__}: {error}") from error
 
-        if logger.isEnabledFor(logging.DEBUG):
-            _log(ctx, node, version, where, None if foldable else result.module)
-        if progress is not None:
-            progress(index + 1, len(nodes))
-        if foldable:
-            for name, tensor in _per_output(node, outputs):
-                ctx.set_constant(name, tensor)
-        else:
-            target = attribute_names(node.name)
-            root.add_module(target, result.module)
-            fx_node = graph.call_module(target, tuple(value(name) for name in result.inputs))
-            fx_node.meta["onnx"] = {"name": proto.name, "op_type": proto.op_type, "domain": node.domain,
-                                    "version": version, "opset": ctx.opsets.get(domain, 1)}
-            if fusion is not None:  # the ONNX nodes it stands for, in graph order
-                fx_node.meta["onnx"].update(op_type=fusion.op_type, pattern=fusion.pattern,
-                                            replaces=[n.name for n in fusion.nodes])
-            # the ONNX value of each call argument and of each output slot (None where absent), for debugging tools
-            fx_node.meta["onnx_values"] = {"inputs": tuple(result.inputs), "outputs": node.outputs}
-            if len(node.outputs) == 1:
-                outputs = fx_node
-            else:
-                outputs = [graph.call_function(operator.getitem, (fx_node, i)) for i in range(len(node.outputs))]
-            for name, out in _per_output(node, outputs):
-                env[name] = out
-        for name in _reads(proto):  # after value() above: it may still need a constant this node reads last
-            remaining[name] -= 1
-            if remaining[name] == 0:
-                ctx.release(name)
+    def ordinary(self, step: Step, node: OnnxNode) -> tuple[Converted, str]:
+        converter = step.converter
+        return (_run_converter(self.ctx, node, converter),
+                f"{converter.__module__.removeprefix('onnx2torch_rnn.')}.{converter.__qualname__}")
 
-    if ctx.assumed_inputs:  # like onnxruntime, refuse inputs whose static dims differ from the declared ones
-        with graph.inserting_after([n for n in graph.nodes if n.op == "placeholder"][-1]):
-            for name in ctx.assumed_inputs:
-                dims = {i: d for i, d in enumerate(ctx.loaded.declared[name]) if isinstance(d, int)}
-                target = attribute_names(f"check_{name}")
-                root.add_module(target, DeclaredShape(name, dims))
-                graph.call_module(target, (env[name],))
-    outputs = [value(info.name) for info in graph_proto.output]
-    graph.output(outputs[0] if len(outputs) == 1 and not is_subgraph else tuple(outputs))
-    graph.owning_module = root  # dead-code elimination asks the called modules whether they are impure
-    graph.eliminate_dead_code()
-    for name in captured[:]:
-        if not capture_nodes[name].users:  # read only by nodes that were folded or are dead
-            graph.erase_node(capture_nodes[name])
-            captured.remove(name)
-    # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
-    module = fx.GraphModule(root, graph, class_name=sanitize(graph_proto.name or "OnnxModel"))
-    return Subgraph(module, captured)
+    def fused(self, step: Step, node: OnnxNode) -> tuple[Converted, str]:
+        node.op_type = step.fusion.op_type
+        return step.fusion.convert(self.ctx), f"pattern {step.fusion.pattern}"
+
+    def fold(self, step: Step, result: Converted):
+        """The node's outputs if it folds (it reads only constants at run time), else None."""
+        if step.fusion is not None or step.proto.op_type in NOT_FOLDABLE or not all(
+                name is None or self.ctx.is_constant(name) for name in result.inputs):
+            return None
+        outputs = _fold(self.ctx, result)
+        if outputs is None or (step.proto.op_type in WHOLE_TENSOR_OPS and _unties(self.ctx, result.inputs, outputs)):
+            return None
+        return outputs
+
+    def call(self, step: Step, node: OnnxNode, result: Converted) -> None:
+        """The node's module, called at run time on the values it reads; its outputs become values of the graph."""
+        target = self.attribute_names(node.name)
+        self.root.add_module(target, result.module)
+        fx_node = self.graph.call_module(target, tuple(self.value(name) for name in result.inputs))
+        domain = normalize_domain(node.domain)
+        fx_node.meta["onnx"] = {"name": step.proto.name, "op_type": step.proto.op_type, "domain": node.domain,
+                                "version": step.version, "opset": self.ctx.opsets.get(domain, 1)}
+        if step.fusion is not None:  # the ONNX nodes it stands for, in graph order
+            fx_node.meta["onnx"].update(op_type=step.fusion.op_type, pattern=step.fusion.pattern,
+                                        replaces=[n.name for n in step.fusion.nodes])
+        # the ONNX value of each call argument and of each output slot (None where absent), for debugging tools
+        fx_node.meta["onnx_values"] = {"inputs": tuple(result.inputs), "outputs": node.outputs}
+        if len(node.outputs) == 1:
+            outputs = fx_node
+        else:
+            outputs = [self.graph.call_function(operator.getitem, (fx_node, i)) for i in range(len(node.outputs))]
+        for name, out in _per_output(node, outputs):
+            self.env[name] = out
+
+    def finish(self, captures: dict[str, fx.Node]) -> Subgraph:
+        """The graph's outputs and checks of declared dims; then what no output needs is removed."""
+        self.check_declared_dims()
+        outputs = [self.value(info.name) for info in self.plan.graph.output]
+        is_subgraph = self.ctx.parent is not None
+        self.graph.output(outputs[0] if len(outputs) == 1 and not is_subgraph else tuple(outputs))
+        self.graph.owning_module = self.root  # dead-code elimination asks the called modules whether they are impure
+        self.graph.eliminate_dead_code()
+        captured = [name for name in self.plan.captured if captures[name].users]
+        for name in self.plan.captured:
+            if not captures[name].users:  # read only by nodes that were folded or are dead
+                self.graph.erase_node(captures[name])
+        # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
+        module = fx.GraphModule(self.root, self.graph, class_name=sanitize(self.plan.graph.name or "OnnxModel"))
+        return Subgraph(module, captured)
+
+    def check_declared_dims(self) -> None:
+        """Like onnxruntime, refuse inputs whose static dims differ from the declared ones, where a derived constant
+        relies on them (ConversionContext.assume_declared_dims)."""
+        if not self.ctx.assumed_inputs:
+            return
+        with self.graph.inserting_after([n for n in self.graph.nodes if n.op == "placeholder"][-1]):
+            for name in self.ctx.assumed_inputs:
+                dims = {i: d for i, d in enumerate(self.ctx.loaded.declared[name]) if isinstance(d, int)}
+                target = self.attribute_names(f"check_{name}")
+                self.root.add_module(target, DeclaredShape(name, dims))
+                self.graph.call_module(target, (self.env[name],))
 
 
 def _fold(ctx: ConversionContext, result: Converted):
@@ -400,7 +510,7 @@ def _unties(ctx: ConversionContext, inputs: Iterable[str | None], outputs) -> bo
     each part is its own weight."""
     results = outputs if isinstance(outputs, tuple | list) else (outputs,)
     return any(_is_weight(r) for r in results) and any(
-        name is not None and ctx.loaded.uses[name] > 1 and _is_weight(ctx.constant(name)) for name in inputs)
+        name is not None and ctx.plan.uses[name] > 1 and _is_weight(ctx.constant(name)) for name in inputs)
 
 
 def _check_input_type(info: onnx.ValueInfoProto) -> None:

@@ -61,6 +61,17 @@ class ConversionError(Onnx2TorchError):
         super().__init__(f"{op_type} node {node_name!r}: {message}")
 
 
+class GraphConversionError(ConversionError):
+    """Conversion failed for a graph as a whole, at no one node: a value that the graph reads but nothing computes
+    (no earlier node, graph input or initializer), or assembling the module from the converted nodes. A subclass of
+    ConversionError, which such failures raised before (naming the node ``'<graph>'``). ``graph_name`` names the
+    ONNX graph (a control-flow body has its own); ``node_name`` and ``op_type`` are None."""
+
+    def __init__(self, graph_name: str, message: str):
+        self.graph_name, self.node_name, self.op_type = graph_name, None, None
+        Onnx2TorchError.__init__(self, f"graph {graph_name!r}: {message}")
+
+
 class ExportError(Onnx2TorchError):
     """``to_onnx`` wrote nothing: torch cannot export the module (the message names the ONNX node whose module
     fails, when known), or onnxruntime's outputs of the exported model differ from the module's (it names the

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,6 @@ class LoadedModel:
     opsets: dict[str, int]  # domain ('' for ai.onnx) -> opset version
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # main-graph initializers already read
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
-    uses: Counter = field(init=False)  # value name -> how many node inputs and graph outputs read it
     declared: dict[str, list[int | None]] = field(init=False)  # run-time graph input -> declared dims (None: symbolic)
 
     def __post_init__(self):
@@ -47,8 +45,6 @@ class LoadedModel:
         self.types = {info.name: info.type for graph in graphs
                       for info in (*graph.input, *graph.value_info, *graph.output)
                       if info.type.HasField("tensor_type")}
-        self.uses = Counter(name for graph in graphs for node in graph.node for name in node.input if name)
-        self.uses.update(output.name for graph in graphs for output in graph.output)
         initializers = {t.name for t in self.proto.graph.initializer}
         self.declared = {info.name: [d.dim_value if d.HasField("dim_value") else None
                                      for d in info.type.tensor_type.shape.dim]

@@ -10,6 +10,10 @@ import torch
 from onnx import helper
 
 import onnx2torch_rnn
+from onnx2torch_rnn import Converted, builder
+from onnx2torch_rnn.builder import build, make_plan
+from onnx2torch_rnn.loading import load_model
+from onnx2torch_rnn.registry import resolve
 from tests.helpers import check, make_model
 
 
@@ -246,3 +250,109 @@ def test_a_weight_read_whole_by_two_nodes_stays_one_parameter():
     weight = torch.from_numpy(W).requires_grad_()
     (weight[ids] @ weight.T).sum().backward()  # both uses reach the one weight
     np.testing.assert_allclose(module.W.grad.numpy(), weight.grad.numpy(), rtol=1e-6)
+
+
+# ---- the plan, and which errors name a node or the graph -------------------------------------------------------
+
+
+def test_the_plan_resolves_each_node_and_knows_what_it_reads_last():
+    plan = make_plan(_mlp().graph, {"": 17})
+    assert [(step.name, (step.converter, step.version)) for step in plan.steps] == [
+        ("add/bias", resolve("", "Add", 17)), ("relu", resolve("", "Relu", 17)), ("mul", resolve("", "Mul", 17))]
+    assert plan.steps[0].version == 14
+    assert [step.release for step in plan.steps] == [["x", "w"], ["a"], ["r", "scale"]]
+    assert plan.captured == [] and plan.uses["a"] == 1 and plan.uses["y"] == 1
+
+
+def _if_with_a_loop() -> onnx.ModelProto:
+    """If(flag): then Loop(n) adding ``step`` to x (the loop body reads ``step`` from the main graph); else Neg(x)."""
+    def info(name, elem=onnx.TensorProto.FLOAT, shape=(2,)):
+        return helper.make_tensor_value_info(name, elem, list(shape))
+
+    body = helper.make_graph([helper.make_node("Add", ["acc_in", "step"], ["acc_out"]),
+                              helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+                             [info("j", onnx.TensorProto.INT64, []), info("c_in", onnx.TensorProto.BOOL, []),
+                              info("acc_in")], [info("c_out", onnx.TensorProto.BOOL, []), info("acc_out")])
+    then_branch = helper.make_graph([helper.make_node("Loop", ["n", "", "x"], ["looped"], body=body)], "then", [],
+                                    [info("looped")])
+    else_branch = helper.make_graph([helper.make_node("Neg", ["x"], ["negated"])], "else", [], [info("negated")])
+    nodes = [helper.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    return make_model(nodes, [("flag", np.bool_, []), ("x", np.float32, [2]), ("n", np.int64, [])], ["y"],
+                      {"step": np.float32([0.5, -1.0])})
+
+
+def test_each_node_is_looked_up_once_bodies_included(monkeypatch):
+    model = _if_with_a_loop()
+    for flag in (True, False):
+        check(model, {"flag": np.array(flag), "x": np.float32([1.0, 2.0]), "n": np.array(3, np.int64)})
+    looked_up = []
+    original = builder.resolve
+    monkeypatch.setattr(builder, "resolve", lambda domain, op_type, opset: looked_up.append(op_type) or original(
+        domain, op_type, opset))
+    onnx2torch_rnn.convert(model)
+    assert sorted(looked_up) == ["Add", "Identity", "If", "Loop", "Neg"]
+
+
+class _FirstOutput(torch.nn.Module):
+    def __init__(self, body: torch.fx.GraphModule):
+        super().__init__()
+        self.body = body
+
+    def forward(self, *captured):
+        return self.body(*captured)[0]
+
+
+def test_a_body_a_converter_makes_itself_is_planned_when_it_is_converted(registry):
+    @registry("Body", 1, domain="test.custom")
+    def convert(node, ctx):
+        """Test op: the result of its body, run on a copy of the body (which the plan has not seen)."""
+        body = onnx.GraphProto()
+        body.CopyFrom(node.attr("body"))
+        converted = ctx.subgraph(body)
+        return Converted(_FirstOutput(converted.module), converted.captured)
+
+    body = helper.make_graph([helper.make_node("Neg", ["x"], ["negated"])], "body", [],
+                             [helper.make_tensor_value_info("negated", onnx.TensorProto.FLOAT, [2])])
+    node = helper.make_node("Body", [], ["y"], domain="test.custom", body=body)
+    model = make_model([node], [("x", np.float32, [2])], [("y", np.float32, [2])], extra_opsets={"test.custom": 1})
+    assert onnx2torch_rnn.convert(model)(torch.tensor([1.0, -2.0])).tolist() == [-1.0, 2.0]
+
+
+@pytest.mark.parametrize("where", ["graph output", "node input"])
+def test_a_value_nothing_computes_is_a_graph_level_error(where):
+    """The checker refuses such a model; one rewritten after loading (here: by hand) is refused by the plan."""
+    model = _mlp()
+    loaded = load_model(model)
+    if where == "graph output":
+        loaded.proto.graph.output[0].name = "nowhere"
+    else:
+        loaded.proto.graph.node[1].input[0] = "nowhere"
+    with pytest.raises(onnx2torch_rnn.GraphConversionError, match="graph 'test_graph': no earlier node, graph input "
+                       "or initializer computes 'nowhere'") as info:
+        build(loaded)
+    error = info.value
+    assert isinstance(error, onnx2torch_rnn.ConversionError)  # what such failures raised before: except still works
+    assert (error.graph_name, error.node_name, error.op_type) == ("test_graph", None, None)
+
+
+def test_a_failure_after_the_last_node_is_a_graph_level_error(monkeypatch):
+    def fail(self):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(builder._GraphBuilder, "check_declared_dims", fail)
+    with pytest.raises(onnx2torch_rnn.GraphConversionError, match="graph 'test_graph': RuntimeError: boom") as info:
+        onnx2torch_rnn.convert(_mlp())
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_a_value_a_converter_reads_but_nothing_computes_names_the_node(registry):
+    @registry("Reader", 1, domain="test.custom")
+    def convert(node, ctx):
+        """Test op: reads a value that no node computes."""
+        return Converted(torch.nn.Identity(), ["nowhere"])
+
+    node = helper.make_node("Reader", ["x"], ["y"], domain="test.custom", name="reader")
+    model = make_model([node], [("x", np.float32, [2])], [("y", np.float32, [2])], extra_opsets={"test.custom": 1})
+    with pytest.raises(onnx2torch_rnn.ConversionError, match=r"Reader node 'reader': .*'nowhere' is used") as info:
+        onnx2torch_rnn.convert(model)
+    assert not isinstance(info.value, onnx2torch_rnn.GraphConversionError) and info.value.node_name == "reader"

@@ -27,7 +27,7 @@ from onnx.backend.test.loader import load_node_model_tests
 from onnx.backend.test.runner import Runner
 
 import onnx2torch_rnn
-from onnx2torch_rnn.builder import check_supported
+from onnx2torch_rnn.builder import make_plan
 from onnx2torch_rnn.errors import Onnx2TorchError, UnsupportedOperatorError
 from onnx2torch_rnn.registry import normalize_domain
 
@@ -100,7 +100,7 @@ def node_cases() -> dict[str, onnx.backend.test.case.test_case.TestCase]:
 def claimed(model: onnx.ModelProto) -> bool:
     """Every op of the model, subgraphs included, has a converter at the model's opset of its domain."""
     try:
-        check_supported(model.graph, {normalize_domain(o.domain): o.version for o in model.opset_import})
+        make_plan(model.graph, {normalize_domain(o.domain): o.version for o in model.opset_import})
     except UnsupportedOperatorError:
         return False
     return True
