@@ -382,16 +382,23 @@ class _GraphBuilder:
 
     def value(self, name: str | None) -> fx.Node | tuple[fx.Node, ...] | None:
         """What reads ``name`` at run time: the node computing it, or the attribute holding its constant value."""
-        if name is None or name in self.env:
-            return None if name is None else self.env[name]
+        if name is None:
+            return None
+        if name in self.env:
+            return self.env[name]
         if name not in self.constants:
-            value = self.ctx.constant(name)
-            if value is None:
-                raise LookupError(f"value {name!r} is used before it is computed")
-            # a folded sequence (SequenceConstruct, SplitToSequence of constants): a tuple of attributes
-            self.constants[name] = tuple(self.attribute(f"{name}_{i}", t) for i, t in enumerate(value)) \
-                if isinstance(value, tuple | list) else self.attribute(name, value)
+            self.constants[name] = self.constant(name)
         return self.constants[name]
+
+    def constant(self, name: str) -> fx.Node | tuple[fx.Node, ...]:
+        """An initializer or folded value that a run-time node reads: an attribute of the module, or a tuple of
+        them for a folded sequence (SequenceConstruct, SplitToSequence of constants)."""
+        value = self.ctx.constant(name)
+        if value is None:
+            raise LookupError(f"value {name!r} is used before it is computed")
+        if isinstance(value, tuple | list):
+            return tuple(self.attribute(f"{name}_{i}", t) for i, t in enumerate(value))
+        return self.attribute(name, value)
 
     def attribute(self, name: str, tensor: torch.Tensor) -> fx.Node:
         target = self.attribute_names(name)
