@@ -21,7 +21,6 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import onnx
 import torch
@@ -37,9 +36,11 @@ from .errors import (
 from .folding import FoldLimit, FoldTooLarge
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
+from .modules.shape import ShapeExpr
 from .node import Converted, OnnxNode, attribute_value
 from .passes import FUSION_DOMAIN, Fusion, Recognised, recognise
 from .registry import NOT_FOLDABLE, Converter, normalize_domain, resolve, schema_for
+from .shape_arithmetic import ShapeArithmetic
 from .signature import META_KEY, record
 from .tensors import to_torch, torch_dtype
 
@@ -83,10 +84,6 @@ class ConversionContext:
     converters (e.g. a Reshape target defined outside the loop). ``plan``: the graph's plan (default: made here).
     """
 
-    # Derives the value of a run-time value that conversion can nonetheless know (shape arithmetic on the static
-    # dims that graph inputs declare), or None; installed by converters/shape.py, which owns shape expressions.
-    derive_constant: ClassVar[Callable[[ConversionContext, str], torch.Tensor | None] | None] = None
-
     def __init__(self, loaded: LoadedModel, graph: onnx.GraphProto, parent: ConversionContext | None = None,
                  plan: Plan | None = None):
         self.loaded = loaded
@@ -99,16 +96,24 @@ class ConversionContext:
         if plan is None:  # a body's plan counts uses of the whole model: its parent's
             plan = make_plan(graph, self.opsets, uses=None if parent is None else parent.plan.uses)
         self.plan = plan
+        # shape arithmetic of the main graph, traced once per value for this conversion (bodies keep the tensor path)
+        self._shapes = ShapeArithmetic(self) if parent is None else None
 
     def assume_declared_dims(self, name: str) -> None:
         """A derived constant relies on the static dims graph input ``name`` declares: the module checks them."""
         self.assumed_inputs[name] = None
 
+    def shape_expression(self, name: str) -> ShapeExpr | None:
+        """The run-time value ``name`` as integer arithmetic on tensor shapes and constants, or None."""
+        return None if self._shapes is None else self._shapes.expression(name)
+
     def _derived(self, name: str) -> torch.Tensor | None:
-        if self.derive_constant is None or name in self._underivable:
+        """A run-time value that conversion can nonetheless know: shape arithmetic on the static dims that graph
+        inputs declare (shape_arithmetic.py)."""
+        if self._shapes is None or name in self._underivable:
             return None
         self._underivable.add(name)  # also while deriving: the derivation may ask about the value itself
-        value = self.derive_constant(name)
+        value = self._shapes.derive(name)
         if value is not None:
             self._underivable.discard(name)
             self._constants[name] = value

@@ -7,13 +7,11 @@ module as Python ints when they are constants at conversion time; when an export
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
-from onnx import NodeProto, TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
-from ..builder import ConversionContext
 from ..modules import shape as m
 from ..modules.common import Function
 from ..node import Converted, OnnxNode, refuse_uint64
@@ -50,228 +48,12 @@ def converted(module, inputs: Sequence[str | None]) -> Converted:
     return Converted(module, inputs)
 
 
-# ---- shape arithmetic computed at run time ------------------------------------------------------------------------
-# Exporters compute sizes at run time (Shape -> Gather -> Unsqueeze -> Concat -> Reshape/Expand/ConstantOfShape, with
-# Slice, Mul, Div, ReduceProd, Equal/Where in between). Read as int64 tensors, those sizes become unbacked symbols under
-# torch.compile / torch.export and the first size check fails; traced back through the ONNX graph to the source
-# tensors' shapes (modules.shape.ShapeExpr) they stay symbolic sizes tied to the inputs, and eager mode skips the
-# tensor round trip. Anything outside this small integer language keeps the tensor path.
-
-
-class _NotShape(Exception):
-    """The value is not (only) integer arithmetic on tensor shapes and constants."""
-
-
-_INTEGER_TYPES = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
-                  TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
-# id(LoadedModel) -> (producer of each value, memo of shape_expression); dropped with the LoadedModel
-_GRAPHS: dict[int, tuple[dict[str, NodeProto], dict]] = {}
-
-
-def _attributes(node: NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _static_list(ctx, node: NodeProto, attribute: str, index: int) -> list[int] | None:
-    """A list that moved from an attribute to an input over the versions; None when absent; raises if run-time."""
-    attributes = _attributes(node)
-    if attribute in attributes:
-        return list(attributes[attribute])
-    name = node.input[index] if len(node.input) > index and node.input[index] else None
-    if name is None:
-        return None
-    values = constant_ints(ctx, name)
-    if values is None:
-        raise _NotShape
-    return values
-
-
-def _axis_zero(axes: list[int] | None) -> bool:
-    return axes is None or axes in ([0], [-1])
-
-
-def _rank(ctx, name: str, rank: int) -> None:
-    shape = ctx.shape(name)
-    if shape is None or len(shape) != rank:
-        raise _NotShape
-
-
-def _gather_expr(ctx, node, sub):
-    indices = ctx.constant(node.input[1])
-    if _attributes(node).get("axis", 0) not in (0, -1) or indices is None or indices.dim() > 1:
-        raise _NotShape
-    return m.ShapeExpr("gather", [sub(0)], [indices.tolist()])
-
-
-def _unsqueeze_expr(ctx, node, sub):
-    _rank(ctx, node.input[0], 0)
-    if _static_list(ctx, node, "axes", 1) not in ([0], [-1]):
-        raise _NotShape
-    return m.ShapeExpr("unsqueeze", [sub(0)])
-
-
-def _squeeze_expr(ctx, node, sub):
-    _rank(ctx, node.input[0], 1)
-    if not _axis_zero(_static_list(ctx, node, "axes", 1)):
-        raise _NotShape
-    return m.ShapeExpr("item", [sub(0)])
-
-
-def _slice_expr(ctx, node, sub):
-    starts, ends = (_static_list(ctx, node, name, i) for i, name in ((1, "starts"), (2, "ends")))
-    axes, steps = _static_list(ctx, node, "axes", 3), _static_list(ctx, node, "steps", 4)
-    if starts is None or len(starts) != 1 or not _axis_zero(axes) or steps not in (None, [1]):
-        raise _NotShape
-    return m.ShapeExpr("slice", [sub(0)], [starts[0], ends[0]])
-
-
-def _reshape_expr(ctx, node, sub):
-    target = ctx.constant(node.input[1])
-    if target is None or target.numel() > 1:  # to 0-d or 1-d only
-        raise _NotShape
-    return m.ShapeExpr("flatten" if target.numel() else "item", [sub(0)])
-
-
-def _prod_expr(ctx, node, sub):
-    attributes = _attributes(node)
-    if not _axis_zero(_static_list(ctx, node, "axes", 1)) or attributes.get("noop_with_empty_axes", 0):
-        raise _NotShape
-    return m.ShapeExpr("prod", [sub(0)], [attributes.get("keepdims", 1)])
-
-
-def _fill_expr(ctx, node, sub):
-    value = _attributes(node).get("value")
-    if value is None or value.data_type not in _INTEGER_TYPES:
-        raise _NotShape
-    return m.ShapeExpr("fill", [sub(0)], [int(numpy_helper.to_array(value).reshape(-1)[0])])
-
-
-def _cast_expr(ctx, node, sub):
-    if _attributes(node)["to"] not in _INTEGER_TYPES:
-        raise _NotShape
-    return sub(0)
-
-
-def _elementwise_expr(ctx, node, sub):
-    if node.op_type == "Where":
-        return m.ShapeExpr("Where", [sub(0), sub(1), sub(2)])
-    expr = sub(0)
-    for i in range(1, len(node.input)):  # Max and Min are variadic
-        expr = m.ShapeExpr(node.op_type, [expr, sub(i)])
-    return expr
-
-
-def _split_expr(ctx, node, source: m.ShapeExpr, output: int) -> m.ShapeExpr:
-    """Output ``output`` of a Split of a 1-d shape vector (e.g. MXNet's Split(Shape(data)) into single dims)."""
-    length = ctx.shape(node.input[0])
-    attributes = _attributes(node)
-    if attributes.get("axis", 0) not in (0, -1) or length is None or len(length) != 1 or not isinstance(length[0], int):
-        raise _NotShape
-    sizes = _static_list(ctx, node, "split", 1)
-    if sizes is None:  # equal parts; from opset 18 (num_outputs) the last one may be smaller
-        part = -(-length[0] // len(node.output))
-        sizes = [min(part, length[0] - k * part) for k in range(len(node.output))]
-    start = sum(sizes[:output])
-    return m.ShapeExpr("slice", [source], [start, start + sizes[output]])
-
-
-_SHAPE_EXPRESSIONS: dict[str, Callable] = {
-    "Shape": lambda ctx, node, sub: m.ShapeExpr("shape", (), [node.input[0], _attributes(node).get("start", 0),
-                                                              _attributes(node).get("end")]),
-    "Size": lambda ctx, node, sub: m.ShapeExpr("size", (), [node.input[0]]),
-    "Identity": lambda ctx, node, sub: sub(0),
-    "Cast": _cast_expr,
-    "Gather": _gather_expr,
-    "Unsqueeze": _unsqueeze_expr,
-    "Squeeze": _squeeze_expr,
-    "Concat": lambda ctx, node, sub: m.ShapeExpr("concat", [sub(i) for i in range(len(node.input))]),
-    "Slice": _slice_expr,
-    "Reshape": _reshape_expr,
-    "ReduceProd": _prod_expr,
-    "ConstantOfShape": _fill_expr,
-    **{op: _elementwise_expr for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Where")},
-}
-
-
-def shape_expression(ctx, name: str) -> m.ShapeExpr | None:
-    """The run-time value ``name`` as integer arithmetic on tensor shapes and constants, or None."""
-    if ctx.parent is not None:  # control-flow bodies keep the tensor path
-        return None
-    key = id(ctx.loaded)
-    if key not in _GRAPHS:
-        graph = ctx.loaded.proto.graph
-        _GRAPHS[key] = ({o: node for node in graph.node for o in node.output if o}, {})
-        weakref.finalize(ctx.loaded, _GRAPHS.pop, key, None)
-    producers, memo = _GRAPHS[key]
-
-    def build(value: str) -> m.ShapeExpr:
-        if value not in memo:
-            memo[value] = None
-            constant = ctx.constant(value, derive=False)  # deriving is what this serves
-            node = producers.get(value)
-            try:
-                if constant is not None:
-                    if constant.dim() > 1 or constant.is_floating_point() or constant.is_complex():
-                        raise _NotShape
-                    memo[value] = m.ShapeExpr("const", (), [constant.tolist()])
-                elif node is not None and node.domain in ("", "ai.onnx") and node.op_type == "Split":
-                    memo[value] = _split_expr(ctx, node, build(node.input[0]), list(node.output).index(value))
-                elif node is not None and node.domain in ("", "ai.onnx") and node.op_type in _SHAPE_EXPRESSIONS:
-                    memo[value] = _SHAPE_EXPRESSIONS[node.op_type](ctx, node, lambda i: build(node.input[i]))
-            except _NotShape:
-                pass
-        if memo[value] is None:
-            raise _NotShape
-        return memo[value]
-
-    try:
-        expr = build(name)
-    except _NotShape:
-        return None
-    return expr if expr.sources() else None
-
-
-class _Undeclared:
-    """A dim a graph input leaves symbolic: an expression that computes with it has no value at conversion."""
-
-    def _refuse(self, *args):
-        raise _NotShape
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _refuse
-    __mod__ = __abs__ = __neg__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _refuse
-    __bool__ = __index__ = __int__ = __float__ = _refuse
-    __hash__ = None
-
-
-def derived_constant(ctx, name: str) -> torch.Tensor | None:
-    """The value of shape arithmetic that reads only dims the graph inputs declare static (e.g. MXNet's input size
-    from Split(Shape(data))[2], which slices the weights out of one blob), computed once at conversion so what it
-    feeds folds; the inputs it reads are then checked at run time against those dims, as onnxruntime does."""
-    expr = shape_expression(ctx, name)
-    if expr is None or not all(source in ctx.loaded.declared for source in expr.sources()):
-        return None
-    shapes = {source: [_Undeclared() if d is None else d for d in ctx.loaded.declared[source]]
-              for source in expr.sources()}
-    try:
-        value = expr(shapes)
-    except _NotShape:
-        return None
-    if not all(isinstance(v, int) for v in (value if isinstance(value, list) else [value])):
-        return None  # e.g. an undeclared dim passed through untouched
-    for source in expr.sources():
-        ctx.assume_declared_dims(source)
-    return torch.tensor(value, dtype=ctx.dtype(name) or torch.int64)
-
-
-ConversionContext.derive_constant = derived_constant
-
-
 def with_shape_inputs(ctx, module, inputs: Sequence[str | None], positions: Sequence[int] = (1,),
                       device: bool = False) -> Converted:
     """``converted(module, inputs)``, with each run-time input at ``positions`` that is shape arithmetic computed
     from tensor shapes instead (``FromShapes``); ``device``: the module creates a tensor from the shape alone."""
     exprs = {i: expr for i in positions if i < len(inputs) and inputs[i] is not None
-             and (expr := shape_expression(ctx, inputs[i])) is not None}
+             and (expr := ctx.shape_expression(inputs[i])) is not None}
     if not exprs:
         return converted(module, inputs)
     wrapper = m.FromShapes(module, exprs, len(inputs), device)
@@ -479,7 +261,7 @@ def range_(node: OnnxNode, ctx) -> Converted:
         raise node.unsupported("stash_type", stash_type, "only 1 (compute float16/bfloat16 in float32) is supported")
     dtype = ctx.dtype(node.input(0))
     if dtype in (torch.int16, torch.int32, torch.int64):  # an integer range of a size computed at run time
-        exprs = dict(enumerate(shape_expression(ctx, name) if ctx.constant(name) is None else
+        exprs = dict(enumerate(ctx.shape_expression(name) if ctx.constant(name) is None else
                                m.ShapeExpr("const", (), [int(ctx.constant(name))]) for name in node.inputs))
         if all(exprs.values()) and any(expr.sources() for expr in exprs.values()):
             wrapper = m.FromShapes(m.Range(stash_type, dtype), exprs, 3, device=True)

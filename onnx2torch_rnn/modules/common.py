@@ -13,6 +13,17 @@ def ceil_div(a, b):
     return (a + b - 1) // b
 
 
+def trunc_div(a, b):
+    """Integer division truncating toward zero (C++, ONNX and onnxruntime), not Python's floor: of integer tensors,
+    and of ints and symbolic sizes (shape arithmetic, pads). (No comparison of two comparisons: torch.jit tracing, as
+    torch.onnx.export(dynamo=False) does, cannot compare its traced booleans.)"""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.div(a, b, rounding_mode="trunc")
+    quotient = abs(a) // abs(b)
+    same_sign = a >= 0 if b > 0 else a <= 0
+    return quotient if same_sign else -quotient
+
+
 def attributes_repr(module: nn.Module, names: Sequence[str]) -> str:
     """``extra_repr`` text listing the given attributes (the ONNX attributes a module was built with), skipping None."""
     return ", ".join(f"{n}={getattr(module, n)!r}" for n in names if getattr(module, n) is not None)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .common import trunc_div
+
 _WIDENED = (torch.uint16, torch.uint32)  # torch has few kernels for these; int64 holds every value exactly
 
 
@@ -44,25 +46,26 @@ def unsigned_safe(fn: Callable | None = None, *, uint64: bool = False) -> Callab
 
 
 # ---- arithmetic -------------------------------------------------------------------------------------------------
+# The integer ops also take Python ints and symbolic sizes: shape arithmetic (modules/shape.py) computes with them.
 @unsigned_safe(uint64=True)
 def add(a, b):
-    return torch.add(a, b)
+    return a + b
 
 
 @unsigned_safe(uint64=True)
 def sub(a, b):
-    return torch.sub(a, b)
+    return a - b
 
 
 @unsigned_safe(uint64=True)
 def mul(a, b):
-    return torch.mul(a, b)
+    return a * b
 
 
 @unsigned_safe
 def div(a, b):
     """True division for floats; integers truncate toward zero (C semantics, as ONNX and onnxruntime)."""
-    return torch.div(a, b) if a.is_floating_point() else torch.div(a, b, rounding_mode="trunc")
+    return torch.div(a, b) if isinstance(a, torch.Tensor) and a.is_floating_point() else trunc_div(a, b)
 
 
 @unsigned_safe
@@ -96,12 +99,12 @@ def sign(x):
 
 @unsigned_safe
 def maximum(*xs):
-    return functools.reduce(torch.maximum, xs)
+    return functools.reduce(torch.maximum if isinstance(xs[0], torch.Tensor) else torch.sym_max, xs)
 
 
 @unsigned_safe
 def minimum(*xs):
-    return functools.reduce(torch.minimum, xs)
+    return functools.reduce(torch.minimum if isinstance(xs[0], torch.Tensor) else torch.sym_min, xs)
 
 
 def sum_all(*xs):
@@ -114,13 +117,15 @@ def mean(*xs):
 
 @unsigned_safe(uint64=True)
 def where(condition, x, y):
+    if not isinstance(condition, torch.Tensor):
+        return x if condition else y
     return torch.where(condition, x, y)
 
 
 # ---- comparison -------------------------------------------------------------------------------------------------
 @unsigned_safe(uint64=True)
 def equal(a, b):
-    return torch.eq(a, b)
+    return a == b
 
 
 @unsigned_safe

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes_repr, ceil_div
+from .common import attributes_repr, ceil_div, trunc_div
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -25,12 +25,6 @@ MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 def per_axis(value, n: int, default: int) -> list[int]:
     """An optional per-axis attribute (strides, dilations, ...) as n ints, ``default`` when absent."""
     return [default] * n if not value else [int(v) for v in value]
-
-
-def _trunc_div(a: int, b: int) -> int:
-    """C++ integer division (truncates toward zero), as onnxruntime computes pads."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
 
 
 # ----------------------------------------------------------------------------------------------- padding
@@ -212,7 +206,7 @@ def pool_geometry(auto_pad: str, ceil_mode: int, sizes: Sequence[int], kernel: S
     for i, (size, k, s, d) in enumerate(zip(sizes, kernel, strides, dilations, strict=True)):
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             need = (ceil_div(size, s) - 1) * s + k - size
-            head = _trunc_div(need + 1, 2) if auto_pad == "SAME_LOWER" else _trunc_div(need, 2)
+            head = trunc_div(need + 1, 2) if auto_pad == "SAME_LOWER" else trunc_div(need, 2)
             tail = need - head
         elif auto_pad == "VALID" or not pads:
             head = tail = 0

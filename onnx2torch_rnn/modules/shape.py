@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from .common import attributes_repr, ceil_div
+from . import elementwise as ew
+from .common import attributes_repr, ceil_div, trunc_div
 
 
 def ints(static: Sequence[int] | None, tensor: torch.Tensor | list | None) -> list[int] | None:
@@ -531,14 +532,6 @@ def _elementwise(fn: Callable) -> Callable:
     return apply
 
 
-def _div(a, b):
-    """Integer Div truncates toward zero (onnxruntime), not Python's floor. (No comparison of two comparisons:
-    torch.jit tracing, as torch.onnx.export(dynamo=False) does, cannot compare its traced booleans.)"""
-    quotient = abs(a) // abs(b)
-    same_sign = a >= 0 if b > 0 else a <= 0
-    return quotient if same_sign else -quotient
-
-
 def _gather(data, indices):
     return [data[i] for i in indices] if isinstance(indices, list) else data[indices]
 
@@ -552,14 +545,15 @@ SHAPE_OPS: dict[str, Callable] = {
     "slice": lambda v, start, end: v[start:end],  # Python slicing clamps as ONNX Slice does (step 1)
     "prod": lambda v, keep: [math.prod(v)] if keep else math.prod(v),
     "fill": lambda n, value: [value] * n[0],  # ConstantOfShape of a 1-element shape
-    "Where": _elementwise(lambda c, a, b: a if c else b),
-    "Add": _elementwise(lambda a, b: a + b),
-    "Sub": _elementwise(lambda a, b: a - b),
-    "Mul": _elementwise(lambda a, b: a * b),
-    "Div": _elementwise(_div),
-    "Max": _elementwise(torch.sym_max),  # plain ints too; no guard on symbolic sizes
-    "Min": _elementwise(torch.sym_min),
-    "Equal": _elementwise(lambda a, b: a == b),
+    # ONNX's element-wise ops, on ints: their meaning is written once, in modules/elementwise.py
+    "Where": _elementwise(ew.where),
+    "Add": _elementwise(ew.add),
+    "Sub": _elementwise(ew.sub),
+    "Mul": _elementwise(ew.mul),
+    "Div": _elementwise(ew.div),
+    "Max": _elementwise(ew.maximum),  # torch.sym_max: no guard on symbolic sizes
+    "Min": _elementwise(ew.minimum),
+    "Equal": _elementwise(ew.equal),
 }
 
 
@@ -636,7 +630,7 @@ def _mean(x, dims, keep):
     if x.is_floating_point():
         return x.mean(dims, keep)
     count = math.prod(x.shape[d] for d in dims)
-    return torch.div(_sum(x, dims, keep), count, rounding_mode="trunc")
+    return trunc_div(_sum(x, dims, keep), count)
 
 
 def _prod(x, dims, keep):
