@@ -86,6 +86,7 @@ class GraphView:
         self.graph_inputs = {i.name for i in self.graph.input}
         self.initializers = {t.name: t for t in self.graph.initializer}
         self._constants: dict[str, bool] = {}
+        self._folded: dict[str, np.ndarray | None] = {}
 
     def opset(self, node: onnx.NodeProto) -> int:
         return self.opsets.get(node.domain if node.domain not in ("", "ai.onnx") else "", 0)
@@ -138,6 +139,19 @@ class GraphView:
             return np.array(onnx.helper.get_attribute_value(attribute))
         return None
 
+    def folded(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when conversion knows it (``is_constant``), computed here with onnx's reference
+        implementation (e.g. weights an exporter casts or slices out of an initializer), else None."""
+        if name not in self._folded:
+            value = self.constant(name)
+            node = self.producer.get(name)
+            if value is None and node is not None and self.is_constant(name):
+                inputs = [self.folded(v) if v else None for v in node.input]
+                if not any(v is None for v, n in zip(inputs, node.input, strict=True) if n):
+                    value = _run_node(node, inputs)[list(node.output).index(name)]
+            self._folded[name] = value
+        return self._folded[name]
+
     def ints(self, name: str) -> list[int] | None:
         value = self.constant(name) if name else None
         if value is None or value.dtype.kind not in "iu":
@@ -165,6 +179,17 @@ class GraphView:
         if len(readers) != 1 or name in self.graph_outputs or list(_reads(readers[0])).count(name) != 1:
             return None
         return readers[0]
+
+
+def _run_node(node: onnx.NodeProto, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    """One node on constant inputs, by onnx's reference implementation."""
+    from onnx.reference import ReferenceEvaluator
+
+    proto = onnx.NodeProto()
+    proto.CopyFrom(node)
+    proto.input[:] = [f"in{k}" if v is not None else "" for k, v in enumerate(inputs)]
+    proto.output[:] = [f"out{k}" if v else "" for k, v in enumerate(node.output)]
+    return ReferenceEvaluator(proto).run(None, {f"in{k}": v for k, v in enumerate(inputs) if v is not None})
 
 
 def attribute(node: onnx.NodeProto, name: str, default=None):
@@ -327,4 +352,4 @@ def _topological(nodes: list[onnx.NodeProto], rank: dict[int, int]) -> list[onnx
     return result
 
 
-from . import stacked  # noqa: E402, F401 - registers the built-in patterns
+from . import loops, stacked  # noqa: E402, F401 - registers the built-in patterns

@@ -198,11 +198,14 @@ def _slice(view: GraphView, node: onnx.NodeProto) -> tuple[int, int] | None:
 
 # ops whose first output has their first input's shape
 _SAME_SHAPE = ("Cast", "Identity", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "Gelu", "Abs", "Neg", "Exp", "Log",
-               "Sqrt", "Softmax", "LogSoftmax", "LayerNormalization", "Dropout")
+               "Sqrt", "Softmax", "LogSoftmax", "LayerNormalization", "Dropout", "ReverseSequence")
 
 
 def _rank(view: GraphView, name: str) -> int | None:
     node = view.producer.get(name)
+    while any(_op(node, op) for op in _SAME_SHAPE) and node.output[0] == name:
+        name = node.input[0]
+        node = view.producer.get(name)
     if _op(node, "Transpose") and attribute(node, "perm") is not None:
         return len(attribute(node, "perm"))
     if node is not None and node.op_type in RECURRENT and node.output[0] == name:

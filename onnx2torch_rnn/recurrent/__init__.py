@@ -18,8 +18,8 @@ chooses. The converters (converters/recurrent.py) build modules from ONNX nodes.
 """
 
 from .cells import InvalidAttribute
-from .module import OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent, StackedRecurrent
+from .module import LoopedRecurrent, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent, StackedRecurrent
 from .op import onnx_translation_table
 
-__all__ = ["InvalidAttribute", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent", "StackedRecurrent",
+__all__ = ["InvalidAttribute", "LoopedRecurrent", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent", "StackedRecurrent",
            "onnx_translation_table"]

@@ -234,6 +234,48 @@ class StackedRecurrent(nn.Module):
         return ", ".join(parts)
 
 
+class LoopedRecurrent(nn.Module):
+    """One recurrent layer as a loop over time writes it (``passes/loops.py``: tf2onnx's Keras layers): x is
+    time-major [T, N, I], the states have no direction axis ([N, H]), the mask is [T, N, 1].
+
+    ``forward(x, [initial_h], [initial_c], [mask])`` returns, as ``outputs`` asks: y [T, N, H], h_n, c_n and the
+    last output (y's last step). With zero steps the states are the initial ones (the loop does not run).
+    """
+
+    def __init__(self, layer: Recurrent, *, initial_h: bool = False, initial_c: bool = False, mask: bool = False,
+                 outputs: Sequence[bool] = (True, False, False, False)):
+        super().__init__()
+        self.layer = layer
+        self.initial_h, self.initial_c, self.mask = initial_h, initial_c, mask
+        self.outputs = tuple(outputs)
+
+    def forward(self, x: Tensor, *args: Tensor):
+        args = list(args)
+        h0 = args.pop(0) if self.initial_h else None
+        c0 = args.pop(0) if self.initial_c else None
+        mask = None
+        if self.mask:
+            mask = args.pop(0)
+            if mask.dim() != 3 or mask.shape[-1] != 1:  # the body broadcast it over the features
+                raise ValueError(f"the mask must be [T, N, 1], got {list(mask.shape)}")
+            mask = mask.squeeze(-1)
+        result = self.layer(x, initial_h=None if h0 is None else h0.unsqueeze(0),
+                            initial_c=None if c0 is None else c0.unsqueeze(0), mask=mask)
+        y, h, c = (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
+        y, h, c = (None if t is None else t[:, 0] if t.dim() == 4 else t[0] for t in (y, h, c))
+        if x.shape[0] == 0:  # the loop never ran: its carried values are the initial ones
+            h, c = (s if s is None or given is None else given for s, given in ((h, h0), (c, c0)))
+        last = None
+        if self.outputs[3]:
+            last = y[-1] if y.shape[0] else y.new_zeros(y.shape[1:])
+        results = tuple(r if wanted else None for r, wanted in zip((y, h, c, last), self.outputs, strict=True))
+        return results
+
+    def extra_repr(self) -> str:
+        flags = [name for name in ("initial_h", "initial_c", "mask") if getattr(self, name)]
+        return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"])
+
+
 def _joined(per_layer: list[Tensor | None]) -> Tensor | None:
     """The layers' final states as one [L*D, N, H] tensor (None when the layers do not compute them)."""
     if per_layer[0] is None:

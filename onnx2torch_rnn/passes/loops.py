@@ -1,0 +1,771 @@
+"""Loop bodies of one cell step (tf2onnx's Keras LSTM / GRU / SimpleRNN layers) become one recurrent node.
+
+tf2onnx writes a Keras recurrent layer it cannot map to an ONNX op (masking, hard_sigmoid spelled as Clip, GRU with
+reset_after=False, SimpleRNN) as a Loop over time: carried values are a time counter, the states, the step count and
+the weights (passed through), the body Gathers step ``t`` of the time-major input (and of the mask), computes one
+cell step and writes the output as a scan output. The step count is read from the input's Shape.
+
+The body is evaluated symbolically (``_Evaluator``): every value of the step is an affine form ``sum(atom @ M) + b``
+over atoms (the step's input, the states, and each non-linear value: an activation, a product of two forms, a form
+selected by the mask), with the weights' values folded into the matrices. A cell is recognised when the states'
+new values have exactly the LSTM, GRU (either reset placement) or RNN equations over such forms (``_cell``); its
+ONNX weights are then read off the matrices. What is proven before anything fires: the loop runs exactly T = dim 0
+of the gathered input times (trip count and conditions); every carried value is a counter, a pass-through, or a state
+whose update is the cell's (or, with a mask, the cell's where the mask is true and the old value where it is false);
+the scan output is the new h (masked: the new h or the previous output / zero); initial states are zeros of [N, H] or
+given; weights are read by nothing else. Where the body selects by the mask with Mul and Add (``m * new + (1 - m) *
+old``, tf2onnx's SelectV2) the recurrent node selects exactly: they differ only where a state is inf or NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ..node import Converted
+from . import Fusion, GraphView, _reads, _run_node, attribute, register_pattern
+from .stacked import _dim, _op, _rank, _shape_vector
+
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+# activation ops and the ONNX recurrent activation they are, with the attributes they take and their defaults
+_ACTIVATIONS = {"Sigmoid": (), "Tanh": (), "Relu": (), "Softsign": (), "Softplus": (),
+                "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)), "LeakyRelu": (("alpha", 0.01),),
+                "Elu": (("alpha", 1.0),), "ThresholdedRelu": (("alpha", 1.0),)}
+
+
+@dataclass(eq=False)
+class Atom:
+    """A value of the step [N, width] that is not affine in the others, compared by identity: the step's input x, a
+    state, an activation of a form, the product of two forms, a form kept where the mask is (not) set, a Clip."""
+
+    kind: str  # "x", "state", "act", "mul", "gate", "clip"
+    args: tuple = ()  # state: (k,); act: (name, alpha, beta, form); mul: (a, b); gate: (negated, form); clip: (lo, hi, form)
+
+
+@dataclass
+class Form:
+    """sum(atom @ matrix) + bias, a value [N, width]. A matrix is an array [in, width] or a float s meaning s * I."""
+
+    terms: dict[Atom, np.ndarray | float]
+    bias: np.ndarray | float = 0.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """The step index plus ``offset`` (the loop's iteration number, a counter that starts at 0 and adds 1)."""
+
+    offset: int
+
+
+@dataclass(frozen=True)
+class Outer:
+    """A value of the outer graph read by the body (directly or passed through), not otherwise understood."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Mask:
+    """The mask's row for this step ([N, 1]); ``negated`` after a Not; ``numeric`` after a Cast to a float."""
+
+    negated: bool = False
+    numeric: bool = False
+
+
+@dataclass(frozen=True)
+class Less:
+    a: object
+    b: object
+
+
+def _leaf(atom: Atom) -> Form:
+    return Form({atom: 1.0})
+
+
+def _width(m: np.ndarray | float) -> int | None:
+    return m.shape[1] if isinstance(m, np.ndarray) else None
+
+
+def _dense(m: np.ndarray | float, width: int) -> np.ndarray:
+    return m if isinstance(m, np.ndarray) else m * np.eye(width)
+
+
+def _form_width(f: Form) -> int | None:
+    widths = {_width(m) for m in f.terms.values()} | ({f.bias.shape[-1]} if np.ndim(f.bias) else set())
+    widths.discard(None)
+    return widths.pop() if len(widths) == 1 else None
+
+
+def _add(a: Form, b: Form, sign: float = 1.0) -> Form | None:
+    terms = dict(a.terms)
+    for atom, m in b.terms.items():
+        if atom not in terms:
+            terms[atom] = sign * m
+        elif isinstance(terms[atom], float) and isinstance(m, float):
+            terms[atom] = terms[atom] + sign * m
+        else:
+            width = _width(terms[atom]) or _width(m)
+            terms[atom] = _dense(terms[atom], width) + sign * _dense(m, width)
+    bias = a.bias + sign * b.bias
+    if np.ndim(bias) > 1:
+        return None
+    return Form(terms, bias)
+
+
+def _scale(f: Form, s: np.ndarray | float) -> Form | None:
+    """f * s with s a scalar or a vector [width] (a column scale)."""
+    s = np.asarray(s, dtype=np.float64)
+    if s.ndim > 1 and s.shape[:-1] != (1,) * (s.ndim - 1):
+        return None
+    s = s.reshape(-1) if s.ndim else float(s)
+    if isinstance(s, float):
+        return Form({a: m * s for a, m in f.terms.items()}, f.bias * s)
+    width = len(s)
+    if any(_width(m) not in (None, width) for m in f.terms.values()):
+        return None
+    return Form({a: _dense(m, width) * s for a, m in f.terms.items()}, f.bias * s)
+
+
+def _columns(f: Form, start: int, end: int) -> Form | None:
+    width = _form_width(f)
+    if width is None:
+        return None
+    start, end = (max(0, min(width, v if v >= 0 else v + width)) for v in (start, end))
+    bias = f.bias[start:end] if np.ndim(f.bias) else f.bias
+    return Form({a: _dense(m, width)[:, start:end] for a, m in f.terms.items()}, bias)
+
+
+def _constant_form(value: np.ndarray) -> Form | None:
+    """A constant broadcast against [N, width]: a scalar or a row."""
+    value = np.asarray(value, dtype=np.float64)
+    if value.ndim > 2 or (value.ndim == 2 and value.shape[0] != 1):
+        return None
+    return Form({}, value.reshape(-1) if value.ndim else float(value))
+
+
+class _Evaluator:
+    """The body's values as forms, masks, step indices and outer values (None: not understood)."""
+
+    def __init__(self, view: GraphView, body: onnx.GraphProto, env: dict):
+        self.view, self.env = view, env
+        self.x: str | None = None  # the outer value whose step is x
+        self.mask: str | None = None  # the outer value whose step is the mask
+        self.dtype: np.dtype | None = None  # the weights' type
+        self.x_atom = Atom("x")  # one atom for every read of the step's input
+        self.constants = {t.name: onnx.numpy_helper.to_array(t) for t in body.initializer}
+        for node in body.node:
+            outputs = self.node(node, [self.value(v) if v else None for v in node.input])
+            for name, value in zip(node.output, outputs or [None] * len(node.output), strict=False):
+                self.env[name] = value
+
+    def value(self, name: str):
+        if name in self.env:
+            return self.env[name]
+        if name in self.constants:
+            return self.constants[name]
+        constant = self.view.folded(name)
+        return constant if constant is not None else Outer(name)
+
+    def node(self, node: onnx.NodeProto, args: list) -> list | None:
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type != "Constant" and all(isinstance(a, np.ndarray) or a is None for a in args) and any(
+                a is not None for a in args):
+            return self._fold(node, args)
+        handler = getattr(self, f"_{node.op_type}", None)
+        return None if handler is None else handler(node, *args)
+
+    @staticmethod
+    def _fold(node, args):
+        try:
+            return _run_node(node, args)
+        except Exception:  # a constant the reference cannot compute: the body is not understood
+            return None
+
+    def _Constant(self, node):
+        return [onnx.numpy_helper.to_array(attribute(node, "value"))] if attribute(node, "value") is not None else None
+
+    def _Identity(self, node, a):
+        return [a]
+
+    def _Cast(self, node, a):
+        if isinstance(a, Mask):
+            return [Mask(a.negated, attribute(node, "to") in _FLOATS)]
+        if isinstance(a, Form) and attribute(node, "to") not in _FLOATS:
+            return None
+        return [a]  # steps and outer scalars compare the same after casts (below 2**24 in float32)
+
+    def _Not(self, node, a):
+        return [Mask(not a.negated, a.numeric)] if isinstance(a, Mask) and not a.numeric else None
+
+    def _Gather(self, node, data, index):
+        if not isinstance(data, Outer) or index != Step(0) or attribute(node, "axis", 0) != 0:
+            return None
+        if self.view.elem_type(data.name) == onnx.TensorProto.BOOL:
+            if self.mask not in (None, data.name):
+                return None
+            self.mask = data.name
+            return [Mask()]
+        if self.x not in (None, data.name):
+            return None
+        self.x = data.name
+        return [_leaf(self.x_atom)]
+
+    @staticmethod
+    def atom(kind: str, *args) -> Atom:
+        return Atom(kind, args)
+
+    def _MatMul(self, node, a, w):
+        if not isinstance(a, Form) or not isinstance(w, np.ndarray) or w.ndim != 2:
+            return None
+        if self.dtype not in (None, w.dtype) or w.dtype.kind != "f":
+            return None
+        self.dtype, w = w.dtype, w.astype(np.float64)
+        if any(_width(m) not in (None, w.shape[0]) for m in a.terms.values()):
+            return None
+        bias = a.bias @ w if np.ndim(a.bias) else a.bias * w.sum(0)
+        return [Form({atom: m @ w if isinstance(m, np.ndarray) else m * w for atom, m in a.terms.items()}, bias)]
+
+    def _Add(self, node, a, b, sign=1.0):
+        if isinstance(a, Step) and isinstance(b, np.ndarray) and b.size == 1 and sign == 1.0:
+            return [Step(a.offset + int(b.reshape(())))]
+        a, b = (_constant_form(v) if isinstance(v, np.ndarray) else v for v in (a, b))
+        if not isinstance(a, Form) or not isinstance(b, Form):
+            return None
+        return [_add(a, b, sign)]
+
+    def _Sub(self, node, a, b):
+        return self._Add(node, a, b, -1.0)
+
+    def _Mul(self, node, a, b):
+        if isinstance(b, Mask) or isinstance(b, np.ndarray):
+            a, b = b, a
+        if isinstance(a, Mask) and a.numeric and isinstance(b, Form):
+            return [Form({}) if not b.terms and not np.any(b.bias) else _leaf(self.atom("gate", a.negated, b))]
+        if isinstance(a, np.ndarray) and isinstance(b, Form):
+            return [_scale(b, a)]
+        if isinstance(a, Form) and isinstance(b, Form):
+            return [_leaf(self.atom("mul", a, b))]
+        return None
+
+    def _Div(self, node, a, b):
+        if isinstance(a, Form) and isinstance(b, np.ndarray) and b.size == 1 and float(b.reshape(())) != 0:
+            return [_scale(a, 1.0 / float(b.reshape(())))]
+        return None
+
+    def _Where(self, node, condition, a, b):
+        if not isinstance(condition, Mask) or condition.numeric:
+            return None
+        a, b = (_constant_form(v) if isinstance(v, np.ndarray) else v for v in (a, b))
+        if not isinstance(a, Form) or not isinstance(b, Form):
+            return None
+        kept, other = self.atom("gate", condition.negated, a), self.atom("gate", not condition.negated, b)
+        return [Form({kept: 1.0, other: 1.0})]
+
+    def _Split(self, node, a, split=None):
+        axis = attribute(node, "axis", 0)
+        if not isinstance(a, Form) or axis not in (1, -1) or (width := _form_width(a)) is None:
+            return None
+        sizes = [int(s) for s in split] if split is not None else attribute(node, "split")
+        count = len(node.output)
+        if sizes is None:
+            if width % count:
+                return None
+            sizes = [width // count] * count
+        starts = np.cumsum([0, *sizes])
+        return [_columns(a, int(starts[k]), int(starts[k + 1])) for k in range(count)]
+
+    def _Slice(self, node, a, starts=None, ends=None, axes=None, steps=None):
+        if not isinstance(a, Form) or any(v is not None and not isinstance(v, np.ndarray)
+                                          for v in (starts, ends, axes, steps)):
+            return None
+        if starts is None:  # opset < 10: attributes
+            starts, ends, axes = attribute(node, "starts"), attribute(node, "ends"), attribute(node, "axes")
+        starts, ends = list(np.reshape(starts, -1)), list(np.reshape(ends, -1))
+        axes = list(range(len(starts))) if axes is None else [int(v) % 2 for v in np.reshape(axes, -1)]
+        if steps is not None and any(int(v) != 1 for v in np.reshape(steps, -1)):
+            return None
+        span = (0, np.iinfo(np.int64).max)
+        for axis, start, end in zip(axes, starts, ends, strict=True):
+            if axis == 1:
+                span = (int(start), int(min(end, np.iinfo(np.int64).max)))
+            elif int(start) != 0 or int(end) < 2 ** 31 - 1:  # rows: all of them
+                return None
+        return [_columns(a, *span)]
+
+    def _Clip(self, node, a, low=None, high=None):
+        if not isinstance(a, Form):
+            return None
+        low = attribute(node, "min") if low is None and node.input[1:2] in ([], [""]) else low
+        high = attribute(node, "max") if high is None and node.input[2:3] in ([], [""]) else high
+        if low is None or high is None:
+            return None
+        return [_leaf(self.atom("clip", float(np.reshape(low, ())), float(np.reshape(high, ())), a))]
+
+    def _Min(self, node, a, b, bound=1):
+        """Min / Max of a form and a scalar: a Clip with one bound (tf_keras' hard_sigmoid is Max(Min(., 1), 0))."""
+        if isinstance(a, np.ndarray):
+            a, b = b, a
+        if len(node.input) != 2 or not isinstance(a, Form) or not isinstance(b, np.ndarray) or b.size != 1:
+            return None
+        limits, value = [-np.inf, np.inf], float(b.reshape(()))
+        atom = _atom(a)
+        if atom is not None and atom.kind == "clip":  # the second bound of a clip
+            limits, a = [atom.args[0], atom.args[1]], atom.args[2]
+        limits[bound] = value if np.isinf(limits[bound]) else (min, max)[1 - bound](limits[bound], value)
+        return [_leaf(self.atom("clip", *limits, a))]
+
+    def _Max(self, node, a, b):
+        return self._Min(node, a, b, bound=0)
+
+    def _Less(self, node, a, b):
+        return [Less(a, b)]
+
+    def _And(self, node, a, b):
+        terms = [t for v in (a, b) for t in (v if isinstance(v, tuple) else (v,))]
+        return [tuple(terms)] if all(isinstance(t, Less) for t in terms) else None
+
+    def activation(self, node, a):
+        if not isinstance(a, Form):
+            return None
+        params = [float(attribute(node, name, default)) for name, default in _ACTIVATIONS[node.op_type]]
+        return [_leaf(self.atom("act", node.op_type, *(params + [0.0, 0.0])[:2], a))]
+
+
+for _name in _ACTIVATIONS:
+    setattr(_Evaluator, f"_{_name}", _Evaluator.activation)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cell equations over forms
+
+
+def _single(f: Form) -> tuple[Atom, np.ndarray | float] | None:
+    """The atom and matrix of a form with one term and no bias."""
+    if len(f.terms) != 1 or np.any(f.bias):
+        return None
+    return next(iter(f.terms.items()))
+
+
+def _atom(f: Form) -> Atom | None:
+    single = _single(f)
+    return single[0] if single is not None and isinstance(single[1], float) and single[1] == 1.0 else None
+
+
+def _activated(f: Form) -> tuple[tuple, Form] | None:
+    """f as activation(form): ((ONNX name, alpha, beta), form). s * Clip(form, 0, 1 / s) is HardSigmoid(s, 0)
+    (Keras 3 writes hard_sigmoid as relu6(x + 3) / 6)."""
+    single = _single(f)
+    if single is None or not isinstance(single[1], float):
+        return None
+    atom, s = single
+    if atom.kind == "act" and s == 1.0:
+        return atom.args[:3], atom.args[3]
+    if atom.kind == "clip" and atom.args[0] == 0.0 and s > 0 and abs(s * atom.args[1] - 1.0) < 1e-6:
+        return ("HardSigmoid", s, 0.0), atom.args[2]
+    return None
+
+
+def _same(a: Form, b: Form) -> bool:
+    if a is b:
+        return True
+    if a.terms.keys() != b.terms.keys() or not np.array_equal(np.asarray(a.bias), np.asarray(b.bias)):
+        return False
+    return all(type(m) is type(b.terms[k]) and np.array_equal(m, b.terms[k]) for k, m in a.terms.items())
+
+
+def _products(f: Form) -> list[tuple[Form, Form]] | None:
+    """f as a sum of products of two forms (each with matrix 1, no bias)."""
+    if np.any(f.bias) or not all(isinstance(m, float) and m == 1.0 for m in f.terms.values()):
+        return None
+    if not all(atom.kind == "mul" for atom in f.terms):
+        return None
+    return [atom.args for atom in f.terms]
+
+
+def _factor(product: tuple[Form, Form], atom: Atom) -> Form | None:
+    """The other factor of a product one of whose factors is exactly ``atom``."""
+    a, b = product
+    return b if _atom(a) is atom else a if _atom(b) is atom else None
+
+
+@dataclass
+class _Cell:
+    op_type: str  # LSTM, GRU, RNN
+    gates: list[Form]  # affine in x and h, in ONNX gate order (LSTM iofc, GRU zrh, RNN one)
+    activations: list[tuple]  # ONNX (name, alpha, beta): f, g, h
+    h: int  # the state index of h (and of c for LSTM)
+    c: int | None = None
+    linear_before_reset: int = 0
+    recurrent_bias: np.ndarray | None = None  # GRU with linear_before_reset: Rb of the h gate
+    reset_h: Form | None = None  # GRU with linear_before_reset: the h gate's recurrent form
+
+
+def _lstm(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
+    for h, c in ((a, b) for a in states for b in states if a != b):
+        products = _products(new[c])
+        if products is None or len(products) != 2:
+            continue
+        forget = [(p, _factor(p, states[c])) for p in products if _factor(p, states[c]) is not None]
+        if len(forget) != 1:
+            continue
+        (forget_product, f), (i, g) = forget[0], next(p for p in products if p is not forget[0][0])
+        out = _products(new[h])
+        if out is None or len(out) != 1:
+            continue
+        parts = [_activated(v) for v in (f, i, g, *out[0])]
+        if any(p is None for p in parts):
+            continue
+        f_act, i_act, g_act, o_act, h_act = parts
+        if i_act[0] != f_act[0] and g_act[0] == f_act[0]:
+            i_act, g_act = g_act, i_act  # i * g: the gate is the factor with the gates' activation
+        if not _same(h_act[1], new[c]):
+            o_act, h_act = h_act, o_act
+        if not _same(h_act[1], new[c]) or not f_act[0] == i_act[0] == o_act[0]:
+            continue
+        return _Cell("LSTM", [i_act[1], o_act[1], f_act[1], g_act[1]], [f_act[0], g_act[0], h_act[0]], h, c)
+    return None
+
+
+def _gru(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
+    if len(states) != 1:
+        return None
+    (h, state), = states.items()
+    products = _products(new[h])
+    if products is None or len(products) != 2:
+        return None
+    kept = [p for p in products if _factor(p, state) is not None]
+    if len(kept) != 1:
+        return None
+    z_form = _factor(kept[0], state)
+    update, z = _activated(z_form), _single(z_form)
+    if update is None or not isinstance(z[1], float):
+        return None
+    a, b = next(p for p in products if p is not kept[0])
+    for one_minus_z, candidate in ((a, b), (b, a)):
+        if not (one_minus_z.terms == {z[0]: -z[1]} and isinstance(one_minus_z.bias, float)
+                and one_minus_z.bias == 1.0):
+            continue
+        hidden = _activated(candidate)
+        if hidden is None:
+            return None
+        cell = _reset(state, update, hidden)
+        if cell is not None:
+            cell.h = h
+            return cell
+    return None
+
+
+def _reset(state: Atom, update: tuple, hidden: tuple) -> _Cell | None:
+    """The h gate of a GRU: g(x Wh + (r * h) Rh + b) or, linear before reset, g(x Wh + bw + r * (h Rh + br))."""
+    (g_act, form), resets = hidden, [a for a in hidden[1].terms if a.kind == "mul"]
+    if len(resets) != 1:
+        return None
+    product = resets[0].args
+    rest = Form({a: m for a, m in form.terms.items() if a is not resets[0]}, form.bias)
+    if state in rest.terms:  # h read outside the reset: not a GRU
+        return None
+    other = _factor(product, state)
+    if other is not None and _activated(other) is not None:  # (r * h) Rh: reset before the product
+        r_act, r_form = _activated(other)
+        h_gate = _add(rest, Form({state: form.terms[resets[0]]}))
+        return _Cell("GRU", [update[1], r_form, h_gate], [update[0], g_act], 0) if r_act == update[0] else None
+    if form.terms[resets[0]] != 1.0:
+        return None
+    for r, linear in (product, product[::-1]):
+        reset = _activated(r)
+        if reset is not None and reset[0] == update[0] and all(a is state for a in linear.terms):
+            return _Cell("GRU", [update[1], reset[1], rest], [update[0], g_act], 0, linear_before_reset=1,
+                         recurrent_bias=np.asarray(linear.bias), reset_h=linear)
+    return None
+
+
+def _rnn(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
+    if len(states) != 1:
+        return None
+    (h, _), = states.items()
+    activated = _activated(new[h])
+    if activated is None:  # no activation (Keras activation=None): Affine(1, 0)
+        return _Cell("RNN", [new[h]], [("Affine", 1.0, 0.0)], h)
+    return _Cell("RNN", [activated[1]], [activated[0]], h)
+
+
+def _weights(cell: _Cell, x: Atom, states: dict[int, Atom], width: int | None) -> tuple | None:
+    """W [1, gH, I], R [1, gH, H], B [1, 2gH] of the cell, when every gate is affine in x and h only."""
+    h_atom = states[cell.h]
+    gates = cell.gates + ([cell.reset_h] if cell.reset_h is not None else [])
+    hidden = {_form_width(g) for g in gates} - {None}
+    if len(hidden) != 1:
+        return None
+    hidden = hidden.pop()
+    if any(set(g.terms) - {x, h_atom} for g in gates):
+        return None
+    inputs = {m.shape[0] for g in gates for a, m in g.terms.items() if a is x and isinstance(m, np.ndarray)}
+    inputs |= {width} if width else set()
+    if len(inputs) != 1:
+        return None
+    size = inputs.pop()
+
+    def matrix(gate: Form, atom: Atom, rows: int) -> np.ndarray:
+        m = gate.terms.get(atom, np.zeros((rows, hidden)))
+        m = _dense(m, hidden)
+        return m if m.shape == (rows, hidden) else None
+
+    ws = [matrix(g, x, size) for g in cell.gates]
+    rs = [matrix(g, h_atom, hidden) for g in cell.gates]
+    if cell.reset_h is not None:
+        rs[-1] = matrix(cell.reset_h, h_atom, hidden)
+    if any(m is None for m in ws + rs):
+        return None
+    biases = [np.broadcast_to(np.asarray(g.bias, dtype=np.float64), (hidden,)) for g in cell.gates]
+    recurrent = [np.zeros(hidden)] * len(cell.gates)
+    if cell.reset_h is not None:
+        recurrent[-1] = np.broadcast_to(cell.recurrent_bias, (hidden,))
+    W = np.concatenate([m.T for m in ws])[None]
+    R = np.concatenate([m.T for m in rs])[None]
+    B = np.concatenate(biases + recurrent)[None]
+    return W, R, B, hidden
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loop: carried values, trip count, mask, outputs
+
+
+@dataclass
+class _Match:
+    loop: onnx.NodeProto
+    cell: _Cell
+    weights: tuple  # W, R, B (float64 arrays), hidden
+    dtype: np.dtype  # the weights' type in the graph
+    x: str  # the time-major input [T, N, I]
+    mask: str | None = None  # the time-major mask [T, N, 1]
+    mask_output: str | None = None  # what a masked step's Y is: "hold" (the previous output) or "zero"
+    initial: dict[str, str] = field(default_factory=dict)  # "h" / "c" -> a given initial state [N, H]
+    outputs: list[str | None] = field(default_factory=list)  # y [T, N, H], h_n, c_n, the last output
+
+
+def _select(f: Form) -> tuple[Form, Form | None] | None:
+    """f as where(mask, new, old): (new, old); old None where it is zero."""
+    if np.any(f.bias) or not all(a.kind == "gate" and m == 1.0 for a, m in f.terms.items()):
+        return None
+    kept = [a.args[1] for a in f.terms if not a.args[0]]
+    dropped = [a.args[1] for a in f.terms if a.args[0]]
+    if len(kept) != 1 or len(dropped) > 1:
+        return None
+    return kept[0], dropped[0] if dropped else None
+
+
+def _scalar(view: GraphView, name: str):
+    """The canonical dim (stacked._dim) that a scalar value equals, through Casts and a Squeeze of a shape slice."""
+    node = view.producer.get(name)
+    while _op(node, "Cast") or _op(node, "Identity"):
+        name, node = node.input[0], view.producer.get(node.input[0])
+    if _op(node, "Squeeze"):
+        name = node.input[0]
+    vector = _shape_vector(view, name)
+    return vector[0] if vector is not None and len(vector) == 1 else None
+
+
+def _zero(view: GraphView, name: str) -> list | None:
+    """The shape (canonical dims) of an all-zeros value: ConstantOfShape of zero, or a zero scalar Expanded."""
+    node = view.producer.get(name)
+    if _op(node, "ConstantOfShape"):
+        value = attribute(node, "value")
+        if value is not None and onnx.numpy_helper.to_array(value).any():
+            return None
+        return _shape_vector(view, node.input[0]) or []
+    if _op(node, "Expand"):
+        value = view.constant(node.input[0])
+        if value is not None and value.size == 1 and not value.any():
+            return _shape_vector(view, node.input[1]) or []
+    return None
+
+
+def _outer_terms(view: GraphView, name: str) -> list[Less] | None:
+    """The loop's initial condition as Less terms (an And of them)."""
+    node = view.producer.get(name)
+    while _op(node, "Cast") or _op(node, "Identity"):
+        node = view.producer.get(node.input[0])
+    if _op(node, "And"):
+        parts = [_outer_terms(view, v) for v in node.input]
+        return None if None in parts else [t for p in parts for t in p]
+    if _op(node, "Less"):
+        return [Less(*node.input)]
+    return None
+
+
+def _runs_t_times(view: GraphView, loop: onnx.NodeProto, cond, steps) -> bool:
+    """Whether the loop runs exactly ``steps`` (a canonical dim) iterations: its trip count is T or absent, and every
+    condition term is ``index < T`` with index at most the next iteration's; without a trip count one term of the
+    body's condition is ``next index < T`` and the initial one is ``0 < T``."""
+    def is_steps(value) -> bool:
+        return isinstance(value, Outer) and _scalar(view, value.name) == steps
+
+    terms = cond if isinstance(cond, tuple) else (cond,)
+    if not all(isinstance(t, Less) and isinstance(t.a, Step) and t.a.offset <= 1 and is_steps(t.b) for t in terms):
+        return False
+    initial = _outer_terms(view, loop.input[1]) if loop.input[1] else []
+    if initial is None or not all(view.constant(t.a) is not None and not view.constant(t.a).any()
+                                  and _scalar(view, t.b) == steps for t in initial):
+        return False
+    if loop.input[0]:
+        return _scalar(view, loop.input[0]) == steps
+    return bool(initial) and any(t.a == Step(1) for t in terms)
+
+
+def _private(view: GraphView, name: str, loop: onnx.NodeProto) -> bool:
+    """Whether every reader of ``name`` is the loop or only feeds it (the fusion absorbs those): a weight the fused
+    module copies must not be shared with anything else."""
+    pending, seen = list(view.consumers.get(name, [])), set()
+    while pending:
+        node = pending.pop()
+        if node is loop or id(node) in seen:
+            continue
+        seen.add(id(node))
+        outputs = [o for o in node.output if o]
+        if not outputs or any(o in view.graph_outputs for o in outputs):
+            return False
+        pending += [c for o in outputs for c in view.consumers.get(o, [])]
+    return True
+
+
+def _match(view: GraphView, loop: onnx.NodeProto) -> _Match | None:
+    body = attribute(loop, "body")
+    inits = list(loop.input[2:])
+    carried = len(inits)
+    if body is None or len(body.input) != carried + 2 or len(body.output) > carried + 2:
+        return None
+    inner = [i.name for i in body.input]
+    outer_outputs = list(loop.output) + [""] * (len(body.output) - 1 - len(loop.output))
+    produced = {o: n for n in body.node for o in n.output}
+
+    def source(name: str) -> str:
+        while name in produced and produced[name].op_type == "Identity":
+            name = produced[name].input[0]
+        return name
+
+    env: dict = {inner[0]: Step(0), inner[1]: None}
+    states: dict[int, Atom] = {}
+    counters = []
+    for k, init in enumerate(inits):
+        value = view.folded(init) if init else None
+        if source(body.output[1 + k].name) == inner[2 + k]:  # passed through
+            zero = value is None and _zero(view, init) is not None  # zeros for masked outputs (any shape)
+            env[inner[2 + k]] = Form({}) if zero else value if value is not None else Outer(init)
+        elif value is not None and value.size == 1 and value.dtype.kind in "iu" and not value.any():
+            env[inner[2 + k]] = Step(0)  # a counter, proven below
+            counters.append(k)
+        else:
+            states[k] = Atom("state", (k,))
+            env[inner[2 + k]] = _leaf(states[k])
+    evaluator = _Evaluator(view, body, env)
+    if evaluator.x is None or any(env.get(body.output[1 + k].name) != Step(1) for k in counters) or not states:
+        return None
+    steps = _dim(view, evaluator.x, 0)
+    if _rank(view, evaluator.x) != 3 or not _runs_t_times(view, loop, env.get(body.output[0].name), steps):
+        return None
+    if evaluator.mask is not None and _rank(view, evaluator.mask) != 3:
+        return None
+    return _cell_match(view, loop, evaluator, states, [env.get(o.name) for o in body.output], outer_outputs)
+
+
+def _cell_match(view, loop, evaluator, states, body_values, outer_outputs) -> _Match | None:
+    new, old = {}, {}
+    for k in states:
+        value = body_values[1 + k]
+        selected = (_select(value) if evaluator.mask is not None else (value, None)) if isinstance(value, Form) \
+            else None
+        if selected is None:
+            return None
+        new[k], old[k] = selected
+    # a state that only holds the output (masking keeps the previous output): its new value is another state's
+    holders = [k for k in states if any(j != k and _same(new[k], new[j]) for j in states)]
+    for holder in [None, *holders]:
+        cell_states = {k: a for k, a in states.items() if k != holder}
+        if evaluator.mask is not None and any(old[k] is None or _atom(old[k]) is not states[k] for k in cell_states):
+            continue  # a masked step keeps every state of the cell
+        for recognise in (_lstm, _gru, _rnn):
+            cell = recognise(cell_states, new)
+            weights = cell and _weights(cell, evaluator.x_atom, cell_states, None)
+            if weights:
+                return _finish(view, loop, evaluator, cell, weights, (holder, states, new, old), body_values,
+                               outer_outputs)
+    return None
+
+
+def _mode(old: Form | None, holder: Atom | None) -> str | None:
+    """What a masked step outputs when the body keeps ``old``: zeros, or the held previous output."""
+    return "zero" if old is None else "hold" if holder is not None and _atom(old) is holder else None
+
+
+def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_outputs) -> _Match | None:
+    holder, states, new, old = analysis
+    carried = len(loop.input) - 2
+    scans = body_values[1 + carried:]
+    if len(scans) > 1 or (holder is not None and not _same(new[holder], new[cell.h])):
+        return None
+    held = None if holder is None else states[holder]
+    modes = {_mode(old[holder], held)} if holder is not None else set()
+    for y in scans:
+        selected = (_select(y) if evaluator.mask is not None else (y, None)) if isinstance(y, Form) else None
+        if selected is None or not _same(selected[0], new[cell.h]):
+            return None
+        modes.add(_mode(selected[1], held))
+    if len(modes) > 1 or None in modes:
+        return None
+    mask_output = (modes.pop() if modes else "zero") if evaluator.mask is not None else None
+    inits = list(loop.input[2:])
+    if holder is not None and _zero(view, inits[holder]) is None:
+        return None  # the runtime's held output starts at zeros
+    read = [n for n in _reads(loop) if view.folded(n) is not None and view.folded(n).size > 1]
+    if not all(_private(view, n, loop) for n in read):
+        return None
+    batch = _dim(view, evaluator.x, 1)
+    match = _Match(loop, cell, weights, evaluator.dtype, evaluator.x, evaluator.mask, mask_output)
+    for role, k in (("h", cell.h), ("c", cell.c)):
+        if k is not None and _zero(view, inits[k]) != [batch, weights[3]]:
+            match.initial[role] = inits[k]
+    at = {"h": cell.h, "c": cell.c, "last": holder}
+    match.outputs = [outer_outputs[carried] if scans else ""] + [
+        outer_outputs[at[r]] if at[r] is not None else "" for r in ("h", "c", "last")]
+    match.outputs = [o or None for o in match.outputs]
+    return match
+
+
+@register_pattern("loop_cells")
+def loop_cells(view: GraphView):
+    """tf2onnx's Loops over time of one LSTM / GRU / SimpleRNN cell step (Keras layers, masked or not)."""
+    for node in view.nodes:
+        match = _match(view, node) if _op(node, "Loop") else None
+        if match is None:
+            continue
+        runtime = [match.x, *(match.initial.get(r) for r in ("h", "c") if r in match.initial)]
+        runtime += [match.mask] if match.mask else []
+        yield Fusion("loop_cells", f"{match.cell.op_type} loop", [node], runtime, match.outputs,
+                     lambda ctx, match=match: _convert(ctx, match))
+
+
+def _convert(ctx, match: _Match) -> Converted:
+    import torch
+
+    from ..recurrent import LoopedRecurrent, OnnxGRU, OnnxLSTM, OnnxRNN
+    from ..recurrent.cells import ACTIVATIONS
+
+    cell, (W, R, B, hidden) = match.cell, match.weights
+    dtype = torch.from_numpy(np.zeros(0, match.dtype)).dtype
+    takes = [len(ACTIVATIONS[name][0]) for name, _, _ in cell.activations]  # none, alpha, or alpha and beta
+    alpha = [a for (_, a, _), n in zip(cell.activations, takes, strict=True) if n >= 1]
+    beta = [b for (_, _, b), n in zip(cell.activations, takes, strict=True) if n == 2]
+    wanted = [o is not None for o in match.outputs]  # y, h_n, c_n, last output
+    layer_class = {"LSTM": OnnxLSTM, "GRU": OnnxGRU, "RNN": OnnxRNN}[cell.op_type]
+    outputs = [wanted[0] or wanted[3], wanted[1], wanted[2]][:layer_class.cell.num_outputs]
+    layer = layer_class(hidden_size=hidden, activations=[a[0] for a in cell.activations], activation_alpha=alpha,
+                        activation_beta=beta, linear_before_reset=cell.linear_before_reset, outputs=outputs,
+                        W=torch.tensor(W, dtype=dtype), R=torch.tensor(R, dtype=dtype),
+                        B=torch.tensor(B, dtype=dtype), dtype=dtype, mask_output=match.mask_output)
+    module = LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
+                             mask=match.mask is not None, outputs=wanted)
+    runtime = [match.x, *(match.initial[r] for r in ("h", "c") if r in match.initial)]
+    return Converted(module, runtime + ([match.mask] if match.mask else []))
