@@ -41,7 +41,8 @@ class Atom:
     state, an activation of a form, the product of two forms, a form kept where the mask is (not) set, a Clip."""
 
     kind: str  # "x", "state", "act", "mul", "gate", "clip"
-    args: tuple = ()  # state: (k,); act: (name, alpha, beta, form); mul: (a, b); gate: (negated, form); clip: (lo, hi, form)
+    # state: (k,); act: (name, alpha, beta, form); mul: (a, b); gate: (negated, form); clip: (low, high, form)
+    args: tuple = ()
 
 
 @dataclass
@@ -107,11 +108,13 @@ def _add(a: Form, b: Form, sign: float = 1.0) -> Form | None:
             terms[atom] = terms[atom] + sign * m
         else:
             width = _width(terms[atom]) or _width(m)
-            terms[atom] = _dense(terms[atom], width) + sign * _dense(m, width)
-    bias = a.bias + sign * b.bias
-    if np.ndim(bias) > 1:
+            left, right = _dense(terms[atom], width), _dense(m, width)
+            if left.shape != right.shape:
+                return None
+            terms[atom] = left + sign * right
+    if np.ndim(a.bias) and np.ndim(b.bias) and np.shape(a.bias) != np.shape(b.bias):
         return None
-    return Form(terms, bias)
+    return Form(terms, a.bias + sign * b.bias)
 
 
 def _scale(f: Form, s: np.ndarray | float) -> Form | None:
@@ -119,7 +122,7 @@ def _scale(f: Form, s: np.ndarray | float) -> Form | None:
     s = np.asarray(s, dtype=np.float64)
     if s.ndim > 1 and s.shape[:-1] != (1,) * (s.ndim - 1):
         return None
-    s = s.reshape(-1) if s.ndim else float(s)
+    s = s.reshape(-1) if s.size > 1 else float(s.reshape(()))
     if isinstance(s, float):
         return Form({a: m * s for a, m in f.terms.items()}, f.bias * s)
     width = len(s)
@@ -142,7 +145,7 @@ def _constant_form(value: np.ndarray) -> Form | None:
     value = np.asarray(value, dtype=np.float64)
     if value.ndim > 2 or (value.ndim == 2 and value.shape[0] != 1):
         return None
-    return Form({}, value.reshape(-1) if value.ndim else float(value))
+    return Form({}, value.reshape(-1) if value.size > 1 else float(value.reshape(())))
 
 
 class _Evaluator:
@@ -223,7 +226,8 @@ class _Evaluator:
         if self.dtype not in (None, w.dtype) or w.dtype.kind != "f":
             return None
         self.dtype, w = w.dtype, w.astype(np.float64)
-        if any(_width(m) not in (None, w.shape[0]) for m in a.terms.values()):
+        if any(_width(m) not in (None, w.shape[0]) for m in a.terms.values()) or (
+                np.ndim(a.bias) and len(a.bias) != w.shape[0]):
             return None
         bias = a.bias @ w if np.ndim(a.bias) else a.bias * w.sum(0)
         return [Form({atom: m @ w if isinstance(m, np.ndarray) else m * w for atom, m in a.terms.items()}, bias)]
@@ -240,7 +244,7 @@ class _Evaluator:
         return self._Add(node, a, b, -1.0)
 
     def _Mul(self, node, a, b):
-        if isinstance(b, Mask) or isinstance(b, np.ndarray):
+        if isinstance(b, Mask | np.ndarray):
             a, b = b, a
         if isinstance(a, Mask) and a.numeric and isinstance(b, Form):
             return [Form({}) if not b.terms and not np.any(b.bias) else _leaf(self.atom("gate", a.negated, b))]
@@ -331,7 +335,7 @@ class _Evaluator:
         if not isinstance(a, Form):
             return None
         params = [float(attribute(node, name, default)) for name, default in _ACTIVATIONS[node.op_type]]
-        return [_leaf(self.atom("act", node.op_type, *(params + [0.0, 0.0])[:2], a))]
+        return [_leaf(self.atom("act", node.op_type, *[*params, 0.0, 0.0][:2], a))]
 
 
 for _name in _ACTIVATIONS:
@@ -411,7 +415,7 @@ def _lstm(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
         forget = [(p, _factor(p, states[c])) for p in products if _factor(p, states[c]) is not None]
         if len(forget) != 1:
             continue
-        (forget_product, f), (i, g) = forget[0], next(p for p in products if p is not forget[0][0])
+        f, (i, g) = forget[0][1], next(p for p in products if p is not forget[0][0])
         out = _products(new[h])
         if out is None or len(out) != 1:
             continue
@@ -492,7 +496,7 @@ def _rnn(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
     return _Cell("RNN", [activated[1]], [activated[0]], h)
 
 
-def _weights(cell: _Cell, x: Atom, states: dict[int, Atom], width: int | None) -> tuple | None:
+def _weights(cell: _Cell, x: Atom, states: dict[int, Atom]) -> tuple | None:
     """W [1, gH, I], R [1, gH, H], B [1, 2gH] of the cell, when every gate is affine in x and h only."""
     h_atom = states[cell.h]
     gates = cell.gates + ([cell.reset_h] if cell.reset_h is not None else [])
@@ -503,7 +507,6 @@ def _weights(cell: _Cell, x: Atom, states: dict[int, Atom], width: int | None) -
     if any(set(g.terms) - {x, h_atom} for g in gates):
         return None
     inputs = {m.shape[0] for g in gates for a, m in g.terms.items() if a is x and isinstance(m, np.ndarray)}
-    inputs |= {width} if width else set()
     if len(inputs) != 1:
         return None
     size = inputs.pop()
@@ -688,7 +691,7 @@ def _cell_match(view, loop, evaluator, states, body_values, outer_outputs) -> _M
             continue  # a masked step keeps every state of the cell
         for recognise in (_lstm, _gru, _rnn):
             cell = recognise(cell_states, new)
-            weights = cell and _weights(cell, evaluator.x_atom, cell_states, None)
+            weights = cell and _weights(cell, evaluator.x_atom, cell_states)
             if weights:
                 return _finish(view, loop, evaluator, cell, weights, (holder, states, new, old), body_values,
                                outer_outputs)

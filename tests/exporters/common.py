@@ -54,7 +54,7 @@ def compare_with_onnxruntime(module: torch.nn.Module, model: onnx.ModelProto, fe
     names = [o.name for o in model.graph.output]
     tolerance = FLOAT16_TOLERANCE if has_float16(model) else {"rtol": rtol, "atol": atol}
     for name, want, got in zip(names, expected, actual, strict=True):
-        np.testing.assert_allclose(got.numpy(), want, strict=True, err_msg=f"output {name!r}", **tolerance)
+        np.testing.assert_allclose(got.detach().numpy(), want, strict=True, err_msg=f"output {name!r}", **tolerance)
 
 
 def backward(module: torch.nn.Module, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:

@@ -1,0 +1,183 @@
+"""Recognition of Loops of one cell step (onnx2torch_rnn/passes/loops.py): tf2onnx's Keras LSTM / GRU / SimpleRNN.
+
+tests/exporters/test_tf2onnx.py compares every Keras model (fused) with onnxruntime on four input sets and trains it;
+here: which cell each Loop becomes with which attributes, masks with holes, torch.export with dynamic batch and time
+and torch.compile in one graph, and near-misses (every proven detail changed) that must stay Loops and still match.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+import onnx2torch_rnn
+from onnx2torch_rnn.modules.control_flow import Loop
+from onnx2torch_rnn.recurrent import LoopedRecurrent
+from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
+
+KERAS = MODELS / "keras"
+MANIFEST = read_manifest(KERAS)
+ENTRIES = {e["file"]: e for e in MANIFEST["models"]}
+LOOPS = sorted(f for f, e in ENTRIES.items() if "Loop" in e["emitted"] and e["case"] != "custom_cell")
+# case -> (ONNX op, activations, linear_before_reset) of its Loops' cells
+CELLS = {
+    "gru_reset_after": ("GRU", ["Sigmoid", "Tanh"], 1), "gru_reset_before": ("GRU", ["Sigmoid", "Tanh"], 0),
+    "gru_go_backwards": ("GRU", ["Sigmoid", "Tanh"], 1), "gru_last_state": ("GRU", ["Sigmoid", "Tanh"], 1),
+    "gru_hard_sigmoid": ("GRU", ["HardSigmoid", "Tanh"], None), "masking_gru": ("GRU", ["Sigmoid", "Tanh"], None),
+    "bi_gru_sum": ("GRU", ["Sigmoid", "Tanh"], 1), "lstm_hard_sigmoid": ("LSTM", ["HardSigmoid", "Tanh", "Tanh"], 0),
+    "embedding_mask_lstm": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0), "tagger": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0),
+    "stacked": ("GRU", ["Sigmoid", "Tanh"], 1), "simple_rnn": ("RNN", ["Tanh"], 0),
+    "simple_rnn_relu_last": ("RNN", ["Relu"], 0), "bi_rnn_last": ("RNN", ["Tanh"], 0),
+}
+MASKED = ("embedding_mask_lstm", "masking_gru", "tagger")
+
+
+def looped(module) -> list[LoopedRecurrent]:
+    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
+
+
+def input_sets(file: str) -> list[dict[str, np.ndarray]]:
+    return manifest_input_sets(KERAS, ENTRIES[file], MANIFEST["sizes"])
+
+
+@pytest.mark.parametrize("file", LOOPS)
+def test_each_keras_loop_becomes_its_cell(file):
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    case = ENTRIES[file]["case"]
+    op, activations, linear_before_reset = CELLS[case]
+    cells = looped(module)
+    assert len(cells) == [n.op_type for n in model.graph.node].count("Loop")
+    assert not any(isinstance(m, Loop) for m in module.modules())
+    for cell in cells:
+        layer = cell.layer
+        assert type(layer).__name__ == f"Onnx{op}"
+        assert [a.name for a in layer.config.onnx_activations()] == activations
+        if linear_before_reset is not None:
+            assert layer.config.linear_before_reset == bool(linear_before_reset)
+        assert cell.mask == (case in MASKED) and (layer.config.mask_output is not None) == cell.mask
+        assert not cell.initial_h and not cell.initial_c  # tf2onnx's zero states are proven and dropped
+    for feeds in input_sets(file)[1:]:
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def test_hard_sigmoid_spellings_are_both_exact():
+    """Keras 3 writes hard_sigmoid as Clip(x + 3, 0, 6) * (1/6), tf_keras as Max(Min(0.2 x + 0.5, 1), 0)."""
+    for file, alpha in (("keras3_lstm_hard_sigmoid.onnx", 1 / 6), ("tf_keras_gru_hard_sigmoid.onnx", 1.0)):
+        (cell,) = looped(onnx2torch_rnn.convert(KERAS / file))
+        hard = cell.layer.config.onnx_activations()[0]
+        assert hard.name == "HardSigmoid" and hard.alpha == pytest.approx(alpha) and hard.beta == 0.0
+
+
+@pytest.mark.parametrize("file", ["keras3_embedding_mask_lstm.onnx", "tf_keras_embedding_mask_lstm.onnx",
+                                  "keras3_masking_gru.onnx", "tf_keras_masking_gru.onnx", "tf_keras_tagger.onnx"])
+def test_masks_with_holes(file):
+    """A mask is not always post-padded: masked steps in the middle keep the state and hold (or zero) the output."""
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    feeds = input_sets(file)[-1]
+    (name, x), = feeds.items()
+    x = x.copy()
+    x[0, 1] = 0  # a hole after the first step
+    x[-1, ::2] = 0  # every other step of the last row, the first one included
+    compare_with_onnxruntime(module, model, {name: x})
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("file", ["keras3_masking_gru.onnx", "tf_keras_embedding_mask_lstm.onnx",
+                                  "keras3_gru_reset_before.onnx", "tf_keras_simple_rnn.onnx", "keras3_tagger.onnx"])
+def test_fused_loops_export_with_dynamic_batch_and_time_and_compile_in_one_graph(file):
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    sets = input_sets(file)
+    (x,) = sets[0].values()
+    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+    exported = torch.export.export(module, (torch.from_numpy(x),), dynamic_shapes=({0: batch, 1: time},)).module()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True, backend="eager")
+    for feeds in sets[1:]:
+        for runner in (exported, compiled):
+            compare_with_onnxruntime(runner, model, feeds)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Near-misses: each changes one proven detail; the Loop must stay a Loop and the result still match.
+
+def _body(model: onnx.ModelProto) -> onnx.GraphProto:
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    return next(a.g for a in loop.attribute if a.name == "body")
+
+
+def _extra_op_in_the_cell(model):
+    """A Sigmoid before the candidate's Tanh: tanh(sigmoid(.)) is no activation of an affine form."""
+    body = _body(model)
+    tanh = next(n for n in body.node if n.op_type == "Tanh")
+    body.node.insert(list(body.node).index(tanh), helper.make_node("Sigmoid", [tanh.input[0]], ["extra_sigmoid"]))
+    tanh.input[0] = "extra_sigmoid"
+
+
+def _three_steps(model):
+    """The trip count is 3, not T: the loop stops early."""
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    model.graph.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "three"))
+    loop.input[0] = "three"
+
+
+def _shared_weight(model):
+    """The recurrent kernel is also a graph output: a fused copy would untie it."""
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    kernel = next(v for v in loop.input[2:] if v in {t.name for t in model.graph.initializer}
+                  and len(next(t for t in model.graph.initializer if t.name == v).dims) == 2)
+    model.graph.node.append(helper.make_node("Identity", [kernel], ["kernel_out"]))
+    model.graph.output.append(helper.make_tensor_value_info("kernel_out", onnx.TensorProto.FLOAT, [None, None]))
+
+
+def _counter_read_outside(model):
+    """The loop's final time counter is a graph output: the fused node cannot give it."""
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    model.graph.node.append(helper.make_node("Cast", [loop.output[0]], ["steps_out"], to=onnx.TensorProto.FLOAT))
+    model.graph.output.append(helper.make_tensor_value_info("steps_out", onnx.TensorProto.FLOAT, []))
+
+
+@pytest.mark.parametrize("change", [_extra_op_in_the_cell, _three_steps, _shared_weight, _counter_read_outside])
+@pytest.mark.parametrize("file", ["keras3_gru_reset_before.onnx", "tf_keras_masking_gru.onnx"])
+def test_near_misses_stay_loops_and_still_match(file, change):
+    model = onnx.load(KERAS / file)
+    change(model)
+    module = onnx2torch_rnn.convert(model)
+    assert not looped(module) and any(isinstance(m, Loop) for m in module.modules())
+    for feeds in input_sets(file)[1:]:
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def test_a_non_zero_initial_state_is_passed_not_dropped():
+    """The zeros the state starts from become 0.5: still the cell, with the initial state given at run time."""
+    model = onnx.load(KERAS / "keras3_simple_rnn.onnx")
+    loop = next(n for n in model.graph.node if n.op_type == "Loop")
+    expand = next(n for n in model.graph.node if n.op_type == "Expand" and n.output[0] in loop.input)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    expand.input[0] = "half"
+    module = onnx2torch_rnn.convert(model)
+    (cell,) = looped(module)
+    assert cell.initial_h
+    for feeds in input_sets("keras3_simple_rnn.onnx"):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def test_fused_and_literal_loops_train_alike():
+    """The fused cell's weights are the Loop's weights rearranged: the same loss and, per weight, the same gradient
+    (the input's gradient compared directly)."""
+    file = "tf_keras_masking_gru.onnx"
+    feeds = input_sets(file)[0]
+    losses, grads = [], []
+    for fuse in (True, False):
+        module = onnx2torch_rnn.convert(KERAS / file, fuse=fuse)
+        x = torch.from_numpy(next(iter(feeds.values()))).requires_grad_()
+        loss = module(x).square().sum()
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(x.grad)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
