@@ -148,8 +148,11 @@ class GraphView:
             if value is None and node is not None and self.is_constant(name):
                 inputs = [self.folded(v) if v else None for v in node.input]
                 if not any(v is None for v, n in zip(inputs, node.input, strict=True) if n):
-                    value = _run_node(node, inputs)[list(node.output).index(name)]
-            self._folded[name] = value
+                    try:
+                        value = _run_node(node, inputs)[list(node.output).index(name)]
+                    except Exception:  # an op onnx's reference cannot run: unknown here (the builder may fold it)
+                        value = None
+            self._folded[name] = value if isinstance(value, np.ndarray) else None  # not a sequence or optional
         return self._folded[name]
 
     def ints(self, name: str) -> list[int] | None:
