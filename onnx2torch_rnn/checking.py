@@ -25,7 +25,9 @@ import onnx
 import torch
 from torch import fx
 
-from .loading import ModelSource, subgraphs
+from .builder import build
+from .errors import ModuleRunError, ReferenceRuntimeError
+from .loading import LoadedModel, ModelSource, _skeleton, load_model, subgraphs
 from .registry import normalize_domain
 from .tensors import is_external
 
@@ -37,12 +39,13 @@ _PASS_THROUGH = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze"
 _RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
 
 
-def _as_proto(model: ModelSource) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, bytes | bytearray):
-        return onnx.ModelProto.FromString(bytes(model))
-    return onnx.load(os.fspath(model), load_external_data=False)
+def _graph(model: ModelSource | LoadedModel) -> onnx.ModelProto | LoadedModel:
+    """A ModelProto or LoadedModel as it is; a path or bytes loaded (``load_model``), the one place that parses."""
+    return model if isinstance(model, onnx.ModelProto | LoadedModel) else load_model(model)
+
+
+def _proto(model: onnx.ModelProto | LoadedModel) -> onnx.ModelProto:
+    return model.proto if isinstance(model, LoadedModel) else model
 
 
 def runtime_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -65,14 +68,14 @@ def _shapes(model: onnx.ModelProto, dims: Mapping[str, int]) -> dict[str, list[i
     return result
 
 
-def index_ranges(model: ModelSource, dims: Mapping[str, int] | None = None) -> dict[str, tuple[int, int]]:
+def index_ranges(model: ModelSource | LoadedModel, dims: Mapping[str, int] | None = None) -> dict[str, tuple[int, int]]:
     """Safe ``[low, high)`` ranges for integer inputs whose use tells one: indices of a Gather (GatherElements)
     into a value of known size get ``[0, size)``; the sequence_lens of an LSTM/GRU/RNN get ``[1, T]``.
 
     Indices are followed through ops that only change layout or type (Cast, Reshape, Unsqueeze, ...).
     """
-    proto = _as_proto(model)
-    dims = dict(dims or {})
+    model = _graph(model)
+    proto, dims = _proto(model), dict(dims or {})
     readers = defaultdict(list)
     for node in proto.graph.node:
         for position, name in enumerate(node.input):
@@ -95,7 +98,7 @@ def index_ranges(model: ModelSource, dims: Mapping[str, int] | None = None) -> d
                     axis, data, offset = attributes.get("layout", 0), node.input[0], 1  # time axis of X; lens <= T
                 else:
                     continue
-                shapes = _shapes(_inferred(proto), dims) if shapes is None else shapes
+                shapes = _shapes(_inferred(model), dims) if shapes is None else shapes
                 shape = shapes.get(data)
                 if shape and -len(shape) <= axis < len(shape) and shape[axis]:
                     highs.append((shape[axis] + offset, offset))
@@ -105,16 +108,17 @@ def index_ranges(model: ModelSource, dims: Mapping[str, int] | None = None) -> d
     return ranges
 
 
-def _inferred(proto: onnx.ModelProto) -> onnx.ModelProto:
-    from .loading import _skeleton  # no weights serialized for inference
-
+def _inferred(model: onnx.ModelProto | LoadedModel) -> onnx.ModelProto:
+    """The model with the static types of its values: a LoadedModel's own, else inferred on a weightless copy."""
+    if isinstance(model, LoadedModel):
+        return model.inferred
     with contextlib.suppress(Exception):
-        return onnx.shape_inference.infer_shapes(_skeleton(proto), check_type=False, strict_mode=False)
-    return proto
+        return onnx.shape_inference.infer_shapes(_skeleton(model), check_type=False, strict_mode=False)
+    return model
 
 
 def random_inputs(
-    model: ModelSource,
+    model: ModelSource | LoadedModel,
     seed: int = 0,
     dims: Mapping[str, int] | None = None,
     int_ranges: Mapping[str, tuple[int, int]] | None = None,
@@ -126,12 +130,12 @@ def random_inputs(
     from ``int_ranges``, else from its use (``index_ranges``), else ``default_int_range`` (default
     ``DEFAULT_INT_RANGE``); a ``default_int_range`` given explicitly applies to every input not in ``int_ranges``.
     """
-    proto = _as_proto(model)
+    model = _graph(model)
     rng = np.random.default_rng(seed)
-    ranges = {} if default_int_range is not None else index_ranges(proto, dims)
+    ranges = {} if default_int_range is not None else index_ranges(model, dims)
     ranges.update(int_ranges or {})
     feeds = {}
-    for info in runtime_inputs(proto):
+    for info in runtime_inputs(_proto(model)):
         tensor_type = info.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, DEFAULT_DIM)
                  for d in tensor_type.shape.dim]
@@ -149,29 +153,50 @@ def random_inputs(
 # ----------------------------------------------------------------------------------------------- running
 
 @contextlib.contextmanager
-def _model_path(model: ModelSource, proto: onnx.ModelProto | None) -> Iterator[str | bytes]:
-    """What onnxruntime should open: ``proto`` (a modified copy of ``model``) or ``model`` itself.
+def _reference(model: ModelSource | LoadedModel, outputs: Sequence[str] = ()) -> Iterator[str | bytes]:
+    """What onnxruntime opens: the model as given (a LoadedModel: as it was given to ``load_model``, so a dequantized
+    model's reference is the quantized one), with ``outputs`` added to its graph outputs.
 
-    A copy of a model with external data is written next to the model for the session's lifetime, so that the
-    data's relative paths still resolve; otherwise it is passed as bytes.
+    The outputs are added by appending a serialized ModelProto that holds only them: protobuf merges concatenated
+    messages (repeated fields append), so the weights are not copied into a second proto. A loaded model with
+    external data is opened from a file in its folder (a temporary copy unless it is the given file), so that the
+    data's relative paths resolve.
     """
-    if proto is None:
-        yield os.fspath(model) if isinstance(model, os.PathLike) else (
-            model.SerializeToString() if isinstance(model, onnx.ModelProto) else model)
-        return
-    external = any(is_external(t) for g in subgraphs(proto.graph) for t in g.initializer)
-    if not external:
-        yield proto.SerializeToString()
-        return
-    if not isinstance(model, str | os.PathLike):
-        raise ValueError("a model with external data must be given as a path to be bisected")
-    handle, path = tempfile.mkstemp(suffix=".onnx", dir=Path(model).resolve().parent)
-    os.close(handle)
-    try:
-        onnx.save(proto, path)
+    loaded = model if isinstance(model, LoadedModel) else None
+    source = model if loaded is None else loaded.proto if loaded.source is None else loaded.source
+    path = os.fspath(source) if isinstance(source, str | os.PathLike) else None
+    if path is not None and not outputs:
         yield path
+        return
+    data = (Path(path).read_bytes() if path is not None else bytes(source) if isinstance(source, bytes | bytearray)
+            else source.SerializeToString())
+    if outputs:  # untyped: onnxruntime infers their types
+        data += onnx.ModelProto(graph=onnx.GraphProto(
+            output=[onnx.ValueInfoProto(name=name) for name in outputs])).SerializeToString()
+    if loaded is None or not any(is_external(t) for g in subgraphs(loaded.proto.graph) for t in g.initializer):
+        yield data
+        return
+    handle, copy = tempfile.mkstemp(suffix=".onnx", dir=loaded.base_dir)  # load_model refuses external data without one
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        yield copy
     finally:
-        os.unlink(path)
+        os.unlink(copy)
+
+
+@contextlib.contextmanager
+def _reference_failures() -> Iterator[None]:
+    """Whatever onnxruntime raises while it opens or runs a model, as ReferenceRuntimeError."""
+    try:
+        import onnxruntime  # noqa: F401 - an optional dependency
+    except ImportError as error:
+        raise ReferenceRuntimeError("onnxruntime is not installed (pip install onnxruntime, or this package's "
+                                    "'test' extra)") from error
+    try:
+        yield
+    except Exception as error:
+        raise ReferenceRuntimeError(str(error)) from error
 
 
 def _session(source: str | bytes, threads: int):
@@ -183,25 +208,37 @@ def _session(source: str | bytes, threads: int):
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def run_onnxruntime(model: ModelSource, feeds: Mapping[str, np.ndarray], threads: int = 1) -> list[np.ndarray]:
-    """onnxruntime's outputs with graph optimisations off (the plain kernels are the reference)."""
-    with _model_path(model, None) as source:
+def run_onnxruntime(model: ModelSource | LoadedModel, feeds: Mapping[str, np.ndarray],
+                    threads: int = 1) -> list[np.ndarray]:
+    """onnxruntime's outputs with graph optimisations off (the plain kernels are the reference). Raises
+    ReferenceRuntimeError when onnxruntime cannot run the model on ``feeds``."""
+    with _reference(model) as source, _reference_failures():
         return _session(source, threads).run(None, dict(feeds))
 
 
-def _torch_args(model: ModelSource, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
-    return [torch.from_numpy(np.array(feeds[i.name])) for i in runtime_inputs(_as_proto(model))]
+def _torch_args(model: ModelSource | LoadedModel, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
+    return [torch.from_numpy(np.array(feeds[i.name])) for i in runtime_inputs(_proto(_graph(model)))]
 
 
 def _numpy(value: torch.Tensor) -> np.ndarray:
     return (value.float() if value.dtype == torch.bfloat16 else value).detach().cpu().numpy()
 
 
-def run_torch(module: torch.nn.Module, model: ModelSource, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def run_torch(module: torch.nn.Module, model: ModelSource | LoadedModel,
+              feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """The converted module's outputs, fed the graph inputs positionally in ONNX order."""
     with torch.no_grad():
         result = module(*_torch_args(model, feeds))
     return [_numpy(r) for r in (result if isinstance(result, tuple | list) else [result])]
+
+
+@contextlib.contextmanager
+def _module_failures() -> Iterator[None]:
+    """Whatever the converted module raises while it runs, as ModuleRunError."""
+    try:
+        yield
+    except Exception as error:
+        raise ModuleRunError(error) from error
 
 
 # ----------------------------------------------------------------------------------------------- the report
@@ -295,7 +332,7 @@ def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, rtol: fl
 
 
 def compare(
-    model: ModelSource,
+    model: ModelSource | LoadedModel,
     inputs: Mapping[str, np.ndarray] | None = None,
     *,
     rtol: float = 1e-4,
@@ -311,37 +348,36 @@ def compare(
 
     ``bisect`` (default: only when an output differs) also compares every intermediate value and sets
     ``report.divergence`` to the first node whose output differs beyond tolerance.
-    """
-    from . import convert
 
-    feeds = random_inputs(model, seed, dims, int_ranges) if inputs is None else dict(inputs)
-    module = convert(model) if module is None else module
-    expected = run_onnxruntime(model, feeds)
-    actual = run_torch(module, model, feeds)
-    names = [o.name for o in _as_proto(model).graph.output]
+    The model is parsed once: every step works on one ``LoadedModel``. Pass one (``load_model``) to share it with
+    the caller: not yet converted, or converted to ``module`` (conversion consumes its weights).
+    Raises ReferenceRuntimeError when onnxruntime cannot run the model on the inputs, ModuleRunError when the
+    module fails on inputs that onnxruntime runs.
+    """
+    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    feeds = random_inputs(loaded, seed, dims, int_ranges) if inputs is None else dict(inputs)
+    module = build(loaded) if module is None else module
+    expected = run_onnxruntime(loaded, feeds)
+    with _module_failures():
+        actual = run_torch(module, loaded, feeds)
+    names = [o.name for o in loaded.proto.graph.output]
     report = Report(rtol=rtol, atol=atol)
     for name, got, want in zip(names, actual, expected, strict=True):
         report.outputs.append(compare_arrays(name, got, want, rtol, atol))
     if bisect or (bisect is None and not report.ok):
         report.bisected = True
-        report.compared_nodes, report.divergence = _bisect(model, module, feeds, rtol, atol)
+        report.compared_nodes, report.divergence = _bisect(loaded, module, feeds, rtol, atol)
     return report
 
 
 # ----------------------------------------------------------------------------------------------- the bisect
 
-def _onnxruntime_values(model: ModelSource, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _onnxruntime_values(loaded: LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every value of the main graph as onnxruntime computes it: the inputs, and each node's outputs."""
-    proto = _as_proto(model)
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(proto)
-    listed = {o.name for o in proto.graph.output}
-    for node in proto.graph.node:
-        for name in node.output:
-            if name and name not in listed:
-                exposed.graph.output.append(onnx.ValueInfoProto(name=name))  # onnxruntime infers the type
-                listed.add(name)
-    with _model_path(model, exposed) as source:
+    listed = {o.name for o in loaded.proto.graph.output}
+    exposed = dict.fromkeys(name for node in loaded.proto.graph.node for name in node.output
+                            if name and name not in listed)
+    with _reference(loaded, list(exposed)) as source, _reference_failures():
         session = _session(source, threads=1)
         # onnxruntime's Python API cannot return bfloat16 arrays: such values are not compared
         names = [o.name for o in session.get_outputs() if o.type != "tensor(bfloat16)"]
@@ -350,12 +386,13 @@ def _onnxruntime_values(model: ModelSource, feeds: Mapping[str, np.ndarray]) -> 
     return {k: v for k, v in values.items() if isinstance(v, np.ndarray)}  # sequences and maps are not compared
 
 
-def _torch_values(module: fx.GraphModule, model: ModelSource, feeds: Mapping[str, np.ndarray]):
+def _torch_values(module: fx.GraphModule, loaded: LoadedModel, feeds: Mapping[str, np.ndarray]):
     """(value name -> tensor, names of values the module reads as constants, value name -> the fused recurrence
     that computes it) from one node-by-node run."""
     interpreter = fx.Interpreter(module, garbage_collect_values=False)
-    with torch.no_grad():
-        interpreter.run(*_torch_args(model, feeds))
+    args = _torch_args(loaded, feeds)
+    with torch.no_grad(), _module_failures():
+        interpreter.run(*args)
     values, constants, fused = {}, set(), {}
     for node in module.graph.nodes:
         names = node.meta.get("onnx_values")
@@ -376,13 +413,13 @@ def _torch_values(module: fx.GraphModule, model: ModelSource, feeds: Mapping[str
     return {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}, constants, fused
 
 
-def _bisect(model: ModelSource, module: torch.nn.Module, feeds: Mapping[str, np.ndarray], rtol: float,
+def _bisect(loaded: LoadedModel, module: torch.nn.Module, feeds: Mapping[str, np.ndarray], rtol: float,
             atol: float) -> tuple[int, Divergence | None]:
     if not isinstance(module, fx.GraphModule):
         raise TypeError("the bisect needs the torch.fx.GraphModule that convert() returns")
-    proto = _as_proto(model)
-    expected = _onnxruntime_values(model, feeds)
-    actual, constants, fused = _torch_values(module, model, feeds)
+    proto = loaded.proto
+    expected = _onnxruntime_values(loaded, feeds)
+    actual, constants, fused = _torch_values(module, loaded, feeds)
     initializers = {t.name: t for t in proto.graph.initializer}
     verdicts: dict[str, bool] = {}
     compared = 0

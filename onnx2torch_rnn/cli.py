@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import pickle
 import sys
 import time
 from collections import Counter
@@ -14,33 +15,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnx
 
-from .errors import Onnx2TorchError
+from .errors import ModuleRunError, Onnx2TorchError, OutputExistsError, ReferenceRuntimeError
+from .loading import LoadedModel, load_model, subgraphs
 from .registry import normalize_domain, resolve
 
 
-def _load(path: str) -> onnx.ModelProto:
-    return onnx.load(path, load_external_data=False)
+def _fail(message: str, code: int = 2) -> int:
+    print(message, file=sys.stderr)
+    return code
 
 
-def ops(args: argparse.Namespace) -> int:
-    """List the model's op types (subgraphs included) with counts and whether each has a converter."""
-    model = _load(args.model)
-    opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
-    counts: Counter = Counter()
-
-    def walk(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            counts[(normalize_domain(node.domain), node.op_type)] += 1
-            for attribute in node.attribute:
-                for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
-                    walk(sub)
-
-    walk(model.graph)
+def ops(args: argparse.Namespace, bar: ProgressBar) -> int:
+    """List the model's op types (subgraphs included) with counts and whether each has a converter. Exit 0 all
+    have one, 1 some have none, 2 when the model cannot be read."""
+    try:
+        loaded = load_model(args.model)
+    except (Onnx2TorchError, FileNotFoundError) as error:
+        return _fail(f"cannot read {args.model}: {error}")
+    counts = Counter((normalize_domain(node.domain), node.op_type)
+                     for graph in subgraphs(loaded.proto.graph) for node in graph.node)
     rows, missing = [], 0
     for (domain, op_type), count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
-        opset = opsets.get(domain)
+        opset = loaded.opsets.get(domain)
         supported = opset is not None and resolve(domain, op_type, opset) is not None
         missing += not supported
         name = f"{domain}::{op_type}" if domain else op_type
@@ -56,6 +53,7 @@ class ProgressBar:
     """A one-line bar on ``stream`` for conversions that take a while; nothing when ``stream`` is not a terminal.
 
     It appears once ``delay`` seconds have passed (small models never show one) and redraws at most every 0.1 s.
+    Used as a context manager around a conversion, it is erased when the conversion ends or fails.
     """
 
     def __init__(self, stream=None, label: str = "converting", delay: float = 0.5, width: int = 30):
@@ -64,6 +62,12 @@ class ProgressBar:
         self.enabled = self.stream.isatty()
         self.start = time.monotonic()
         self.drawn_at: float | None = None
+
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.clear()
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
@@ -101,21 +105,18 @@ class _LogHandler(logging.StreamHandler):
 
 
 @contextlib.contextmanager
-def _progress(args: argparse.Namespace) -> Iterator[ProgressBar]:
-    """A progress bar for a conversion, and the builder's per-node log lines on stderr with --verbose."""
-    bar = ProgressBar()
+def _verbose_logging(bar: ProgressBar) -> Iterator[None]:
+    """--verbose: the library's per-node DEBUG lines on stderr for one run of ``main``; the package logger's level
+    and handlers are as they were afterwards (a caller's own logging setup is left alone)."""
     logger = logging.getLogger("onnx2torch_rnn")
-    handler = _LogHandler(bar) if args.verbose else None
-    if handler is not None:
-        logger.addHandler(handler)
-        logger.setLevel(logging.DEBUG)
+    handler, level = _LogHandler(bar), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
     try:
-        yield bar
+        yield
     finally:
-        bar.clear()
-        if handler is not None:
-            logger.removeHandler(handler)
-            logger.setLevel(logging.NOTSET)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 # ----------------------------------------------------------------------------------------------- check
@@ -127,34 +128,32 @@ def _int_range(text: str) -> tuple[str, tuple[int, int]]:
     return name, (int(low), int(high))
 
 
-def _inputs(args: argparse.Namespace) -> dict[str, np.ndarray]:
+def _inputs(args: argparse.Namespace, loaded: LoadedModel) -> dict[str, np.ndarray]:
     from .checking import random_inputs
 
     if args.inputs:
         with np.load(args.inputs) as data:
             return {name: data[name] for name in data.files}
-    return random_inputs(args.model, args.seed, dict(args.dim), dict(args.int_range))
+    return random_inputs(loaded, args.seed, dict(args.dim), dict(args.int_range))
 
 
-def check(args: argparse.Namespace) -> int:
+def check(args: argparse.Namespace, bar: ProgressBar) -> int:
     """Convert, run torch and onnxruntime on the same inputs, print per-output errors (and the first diverging
     node on a mismatch or with --bisect). Exit 0 ok, 1 mismatch (or the converted module fails), 2 when the model
-    cannot be converted (or onnxruntime cannot run it)."""
+    cannot be converted (or onnxruntime cannot run it). The model is parsed once: every step uses one LoadedModel."""
     from .builder import build
     from .checking import compare, runtime_inputs
-    from .loading import load_model
 
     try:
-        with _progress(args) as bar:
-            module = build(load_model(args.model, dequantize=args.dequantize), bar, fuse=args.fuse)
+        with bar:
+            loaded = load_model(args.model, dequantize=args.dequantize)
+            module = build(loaded, bar, fuse=args.fuse)
     except (Onnx2TorchError, FileNotFoundError) as error:
-        print(f"cannot convert {args.model}: {error}", file=sys.stderr)
-        return 2
-    inputs = _inputs(args)
-    missing = [i.name for i in runtime_inputs(_load(args.model)) if i.name not in inputs]
+        return _fail(f"cannot convert {args.model}: {error}")
+    inputs = _inputs(args, loaded)
+    missing = [i.name for i in runtime_inputs(loaded.proto) if i.name not in inputs]
     if missing:
-        print(f"no value for input(s) {', '.join(missing)} in {args.inputs}", file=sys.stderr)
-        return 2
+        return _fail(f"no value for input(s) {', '.join(missing)} in {args.inputs}")
     for name, value in inputs.items():
         span = f" in [{value.min()}, {value.max()}]" if value.size and np.issubdtype(value.dtype, np.integer) else ""
         print(f"input {name}: {value.dtype} {list(value.shape)}{span}")
@@ -164,16 +163,17 @@ def check(args: argparse.Namespace) -> int:
             print(f"recognised: {fused['op_type']} from {len(fused['replaces'])} nodes, {fused['name']!r} on "
                   f"(pattern {fused['pattern']})")
     try:
-        report = compare(args.model, inputs, rtol=args.rtol, atol=args.atol, module=module,
+        report = compare(loaded, inputs, rtol=args.rtol, atol=args.atol, module=module,
                          bisect=False if args.dequantize else True if args.bisect else None)
-    except Exception as error:
-        if type(error).__module__.startswith("onnxruntime"):
-            print(f"onnxruntime cannot run {args.model}: {error}", file=sys.stderr)
-            return 2
-        print(f"the converted module fails where onnxruntime runs: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    if args.dequantize:
-        return _dequantized_report(report)
+    except ReferenceRuntimeError as error:
+        return _fail(f"onnxruntime cannot run {args.model}: {error}")
+    except ModuleRunError as error:
+        return _fail(f"the converted module fails where onnxruntime runs: {error}", 1)
+    return _dequantized_report(report) if args.dequantize else _report(report, args)
+
+
+def _report(report, args: argparse.Namespace) -> int:
+    """Per-output errors, the verdict and the bisect's finding. Exit 0 when every output matches, else 1."""
     rows = [(o.name, str(list(o.shape)), o.dtype, f"{o.max_abs_error:.3g}", f"{o.max_rel_error:.3g}",
              "ok" if o.ok else f"MISMATCH {o.problem}".strip()) for o in report.outputs]
     _print_table(("output", "shape", "dtype", "max abs err", "max rel err", "status"), rows)
@@ -204,23 +204,21 @@ def _dequantized_report(report) -> int:
 
 # ----------------------------------------------------------------------------------------------- convert
 
-def convert(args: argparse.Namespace) -> int:
+def convert(args: argparse.Namespace, bar: ProgressBar) -> int:
     """Write OUTDIR/model.py and OUTDIR/weights.pt (and OUTDIR/model.pt2 with --pt2). Exit 0 ok, 1 when --pt2 was
     asked for and torch.export failed (the code is written), 2 when nothing could be written."""
     from . import codegen
-    from .checking import _as_proto, runtime_inputs
+    from .checking import runtime_inputs
 
     outdir = Path(args.output)
     try:
-        with _progress(args) as bar:
-            module = codegen.write(args.model, outdir, force=args.force, progress=bar, dequantize=args.dequantize,
-                                   fuse=args.fuse)
-    except FileExistsError as error:
-        print(f"{error.args[0].replace('force=True (--force)', '--force')}", file=sys.stderr)
-        return 2
+        with bar:
+            loaded = load_model(args.model, dequantize=args.dequantize)
+            module = codegen.write(loaded, outdir, force=args.force, progress=bar, fuse=args.fuse)
+    except OutputExistsError as error:
+        return _fail(f"{error.path} exists; pass --force to overwrite it")
     except (Onnx2TorchError, FileNotFoundError) as error:
-        print(f"cannot convert {args.model}: {error}", file=sys.stderr)
-        return 2
+        return _fail(f"cannot convert {args.model}: {error}")
     lines = len((outdir / codegen.CODE_FILE).read_text().splitlines())
     size = (outdir / codegen.WEIGHTS_FILE).stat().st_size
     print(f"wrote {outdir / codegen.CODE_FILE} ({lines} lines: class Model, def load) and "
@@ -229,8 +227,8 @@ def convert(args: argparse.Namespace) -> int:
         return 0
     import torch
 
-    inputs = _inputs(args)
-    proto_inputs = runtime_inputs(_as_proto(args.model))
+    inputs = _inputs(args, loaded)
+    proto_inputs = runtime_inputs(loaded.proto)
     example = tuple(torch.from_numpy(np.array(inputs[i.name])) for i in proto_inputs)
     dynamic = {position: {axis: d.dim_param for axis, d in enumerate(i.type.tensor_type.shape.dim)
                           if not d.HasField("dim_value")}
@@ -238,8 +236,7 @@ def convert(args: argparse.Namespace) -> int:
     try:
         note, custom_ops = codegen.export_program(module, example, dynamic, outdir / codegen.PROGRAM_FILE)
     except RuntimeError as error:
-        print(f"--pt2: no program saved: {error}", file=sys.stderr)
-        return 1
+        return _fail(f"--pt2: no program saved: {error}", 1)
     after = " after `import onnx2torch_rnn` (it calls the library's recurrent op)" if custom_ops else ""
     print(f"wrote {outdir / codegen.PROGRAM_FILE} (torch.export, {note}); load it with torch.export.load{after}")
     return 0
@@ -255,33 +252,33 @@ def _bytes(size: int) -> str:
 
 # ----------------------------------------------------------------------------------------------- to-onnx
 
-def to_onnx(args: argparse.Namespace) -> int:
+def to_onnx(args: argparse.Namespace, bar: ProgressBar) -> int:
     """Convert MODEL, load --weights (a state_dict saved with torch.save), write it back to ONNX with to_onnx.
     Exit 0 written, 1 refused (torch cannot export it, or onnxruntime's outputs differ: nothing written), 2 when
     the model cannot be converted or the weights do not fit it."""
     import torch
 
     from .builder import build
-    from .loading import load_model
     from .onnx_export import to_onnx as write_onnx
     from .signature import recorded
 
     try:
-        with _progress(args) as bar:
+        with bar:
             module = build(load_model(args.model, dequantize=args.dequantize), bar, fuse=args.fuse)
+    except (Onnx2TorchError, FileNotFoundError) as error:
+        return _fail(f"cannot convert {args.model}: {error}")
+    try:
         if args.weights:
             module.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
-    except (Onnx2TorchError, FileNotFoundError, RuntimeError) as error:
-        print(f"cannot convert {args.model}: {error}", file=sys.stderr)
-        return 2
+    except (OSError, RuntimeError, pickle.UnpicklingError) as error:  # what torch.load and load_state_dict raise
+        return _fail(f"cannot load {args.weights} into the model converted from {args.model}: {error}")
     symbolic = {spec.symbol(axis) for spec in recorded(module).inputs
                 for axis, d in enumerate(spec.dims or ()) if not isinstance(d, int)}
     try:
         summary = write_onnx(module, args.output, dims=dict(args.dim), dynamic=symbolic - set(args.static),
                              opset=args.opset, check=not args.no_check)
     except Onnx2TorchError as error:
-        print(f"not written: {error}", file=sys.stderr)
-        return 1
+        return _fail(f"not written: {error}", 1)
     dynamic = ", ".join(summary.dynamic_dims) or "none"
     print(f"wrote {summary.path} (opset {summary.opset}, {summary.recurrent_nodes} LSTM/GRU/RNN nodes, dynamic dims: "
           f"{dynamic})")
@@ -330,6 +327,14 @@ def _fuse_option(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The entry point: parse the command line and run the command, with --verbose logging for this run only."""
+    args = _parser().parse_args(argv)
+    bar = ProgressBar()
+    with _verbose_logging(bar) if getattr(args, "verbose", False) else contextlib.nullcontext():
+        return args.run(args, bar)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnx2torch-rnn", description="Import ONNX models into PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -374,8 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     _fuse_option(p)
     p.set_defaults(run=to_onnx)
 
-    args = parser.parse_args(argv)
-    return args.run(args)
+    return parser
 
 
 if __name__ == "__main__":

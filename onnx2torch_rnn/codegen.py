@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from .builder import build, sanitize
-from .errors import Onnx2TorchError
-from .loading import ModelSource, load_model
+from .errors import Onnx2TorchError, OutputExistsError
+from .loading import LoadedModel, ModelSource, load_model
 from .torch_compat import buffer_dict, fx_builtin_imports, parameter_dict
 
 CODE_FILE, WEIGHTS_FILE, PROGRAM_FILE = "model.py", "weights.pt", "model.pt2"
@@ -392,28 +392,33 @@ Submodules come from onnx2torch_rnn.modules (constructor arguments are the ONNX 
 
 # ----------------------------------------------------------------------------------------------- files
 
-def convert_recording(model: ModelSource, progress: Callable[[int, int], None] | None = None,
+def convert_recording(model: ModelSource | LoadedModel, progress: Callable[[int, int], None] | None = None,
                       dequantize: bool = False, fuse: bool = True):
-    """Convert ``model``, recording module constructor arguments: (GraphModule, records) for ``generate``."""
-    loaded = load_model(model, dequantize=dequantize)
+    """Convert ``model``, recording module constructor arguments: (GraphModule, records) for ``generate``. A
+    LoadedModel is converted as it was loaded (``load_model(..., dequantize=True)`` dequantizes it)."""
+    if isinstance(model, LoadedModel) and dequantize:
+        raise ValueError("a LoadedModel is dequantized when it is loaded: load_model(..., dequantize=True)")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, dequantize=dequantize)
     with _recording() as records:
         module = build(loaded, progress, fuse=fuse)
     return module, records
 
 
-def write(model: ModelSource, outdir: str | os.PathLike, *, force: bool = False,
+def write(model: ModelSource | LoadedModel, outdir: str | os.PathLike, *, force: bool = False,
           progress: Callable[[int, int], None] | None = None, dequantize: bool = False,
           fuse: bool = True) -> fx.GraphModule:
     """Convert ``model`` and write OUTDIR/model.py and OUTDIR/weights.pt; returns the converted module.
 
-    An existing non-empty OUTDIR needs ``force`` (then only the files written here are replaced). The written code
-    is loaded back and checked against the converted module (CodegenError when it differs).
+    An existing non-empty OUTDIR needs ``force`` (OutputExistsError without; with it, only the files written here
+    are replaced). The written code is loaded back and checked against the converted module (CodegenError when it
+    differs).
     """
     outdir = Path(outdir)
     if outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())) and not force:
-        raise FileExistsError(f"{outdir} exists; pass force=True (--force) to overwrite it")
+        raise OutputExistsError(outdir)
     module, records = convert_recording(model, progress, dequantize, fuse)
-    source = generate(module, records, Path(model).name if isinstance(model, str | os.PathLike) else "")
+    origin = model.source if isinstance(model, LoadedModel) else model
+    source = generate(module, records, Path(origin).name if isinstance(origin, str | os.PathLike) else "")
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / PROGRAM_FILE).unlink(missing_ok=True)  # a program from an earlier run would not match
     (outdir / CODE_FILE).write_text(source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,3 +77,23 @@ class ExportError(Onnx2TorchError):
     """``to_onnx`` wrote nothing: torch cannot export the module (the message names the ONNX node whose module
     fails, when known), or onnxruntime's outputs of the exported model differ from the module's (it names the
     output)."""
+
+
+class ReferenceRuntimeError(Onnx2TorchError):
+    """onnxruntime, the reference that ``compare`` checks against, cannot run the model on the given inputs (or is
+    not installed); onnxruntime's own exception is chained."""
+
+
+class ModuleRunError(Onnx2TorchError):
+    """The converted module fails on inputs that onnxruntime runs (``compare``); the module's exception is chained."""
+
+    def __init__(self, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+
+
+class OutputExistsError(Onnx2TorchError, FileExistsError):
+    """Generated files would overwrite an existing, non-empty folder and overwriting was not asked for."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = path
+        super().__init__(f"{path} exists; pass force=True to overwrite it")

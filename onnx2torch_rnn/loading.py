@@ -37,6 +37,8 @@ class LoadedModel:
     base_dir: str | None  # folder that external data paths are relative to; None for bytes
     opsets: dict[str, int]  # domain ('' for ai.onnx) -> opset version
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # main-graph initializers already read
+    # what was loaded, as given (path, bytes or ModelProto): onnxruntime runs it as the reference (checking.py)
+    source: ModelSource | None = None
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
     declared: dict[str, list[int | None]] = field(init=False)  # run-time graph input -> declared dims (None: symbolic)
 
@@ -120,7 +122,7 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     newest = onnx.defs.onnx_opset_version()  # the installed onnx's schemas: what the converters are resolved by
     if opsets.get("", 0) > newest:
         raise UnsupportedOpsetError("", opsets[""], newest)
-    return LoadedModel(proto, skeleton, base_dir, opsets, weights)
+    return LoadedModel(proto, skeleton, base_dir, opsets, weights, source)
 
 
 def _check_text(message) -> None:

@@ -8,7 +8,8 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn.checking import compare, index_ranges, random_inputs
+from onnx2torch_rnn import ModuleRunError, ReferenceRuntimeError, loading
+from onnx2torch_rnn.checking import compare, index_ranges, random_inputs, run_onnxruntime
 from tests.helpers import make_model, perturbed
 
 RNG = np.random.default_rng(0)
@@ -177,6 +178,46 @@ def test_external_data_models_are_bisected_beside_their_data(tmp_path):
         d = compare(tmp_path / "m.onnx", dims={"batch": 2}).divergence
     assert d.node == "squash"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.data", "m.onnx"]  # the temporary copy is gone
+
+
+def test_a_loaded_model_from_bytes_is_bisected_in_its_data_folder(tmp_path):
+    model = _chain()
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.data", size_threshold=0)
+    loaded = loading.load_model((tmp_path / "m.onnx").read_bytes(), base_dir=tmp_path)
+    with perturbed("Tanh", "squash"):
+        d = compare(loaded, dims={"batch": 2}).divergence
+    assert d.node == "squash"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.data", "m.onnx"]
+
+
+def test_compare_parses_a_path_once(tmp_path, monkeypatch):
+    parsed = []
+    parse = loading._parse
+    monkeypatch.setattr(loading, "_parse", lambda data, where: parsed.append(where) or parse(data, where))
+    init = {"w": RNG.standard_normal((1, 1200)).astype(np.float32)}  # read into a tensor at load
+    nodes = [helper.make_node("Mul", ["x", "w"], ["m"], name="scale"), helper.make_node("Relu", ["m"], ["y"])]
+    onnx.save(make_model(nodes, [("x", np.float32, [2, 1200])], ["y"], init), tmp_path / "m.onnx")
+    report = compare(tmp_path / "m.onnx", bisect=True)
+    assert report.ok and report.compared_nodes == 2 and parsed == [str(tmp_path / "m.onnx")]
+
+
+def test_onnxruntime_failures_are_reference_runtime_errors():
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", np.float32, [4])], ["y"])
+    with pytest.raises(ReferenceRuntimeError, match="INVALID_ARGUMENT") as error:
+        compare(model, {"x": np.zeros(3, np.float32)})
+    assert type(error.value.__cause__).__module__.startswith("onnxruntime")
+    with pytest.raises(ReferenceRuntimeError, match="x"):
+        run_onnxruntime(model, {})  # a missing input
+
+
+def test_module_failures_are_module_run_errors():
+    def broken(y):
+        raise ValueError("boom")
+
+    with perturbed("Tanh", "squash", fn=broken), pytest.raises(ModuleRunError, match=r"^ValueError: boom$") as error:
+        compare(_chain(), dims={"batch": 2})
+    assert isinstance(error.value.__cause__, ValueError)
 
 
 def test_equal_nans_and_infinities_match():

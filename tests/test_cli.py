@@ -1,6 +1,7 @@
 """The command line: ops, check (with the bisect, progress and --verbose) and convert, with their exit codes."""
 
 import io
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn import codegen
+from onnx2torch_rnn import codegen, loading
 from onnx2torch_rnn.cli import ProgressBar, main
 from tests.helpers import cnn, make_model, perturbed
 
@@ -179,7 +180,7 @@ def test_convert_writes_code_that_reproduces_the_module(tmp_path, capsys):
     tokens = torch.randint(0, 50, (2, 6))
     torch.testing.assert_close(model(tokens), onnx2torch_rnn.convert(EXAMPLE)(tokens), rtol=0, atol=0)
     assert main(["convert", str(EXAMPLE), "-o", str(out)]) == 2
-    assert "exists; pass --force to overwrite it" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"{out} exists; pass --force to overwrite it\n"
     assert main(["convert", str(EXAMPLE), "-o", str(out), "--force"]) == 0
 
 
@@ -250,3 +251,102 @@ def test_convert_dequantize_writes_the_float_model(tmp_path, capsys):
     assert "QLinear" not in code and "QuantizeLinear" not in code and "nn.Conv2d" in code
     state = torch.load(tmp_path / "out" / "weights.pt")
     assert all(t.is_floating_point() for name, t in state.items() if t.dim() > 1)
+
+
+# ----------------------------------------------------------------------------------------------- one load, typed errors
+
+def _weighted_chain(path):
+    """x -> Mul(w) -> Tanh -> Relu with a weight large enough to be read into a tensor at load (not left in the
+    proto), so onnxruntime must be given the model as it was on disk."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["m"], name="scale"),
+             helper.make_node("Tanh", ["m"], ["t"], name="squash"),
+             helper.make_node("Relu", ["t"], ["y"], name="clip")]
+    w = np.random.default_rng(0).standard_normal((1, 1200)).astype(np.float32)
+    assert w.size > loading.SKELETON_MAX_ELEMENTS
+    onnx.save(make_model(nodes, [("x", np.float32, ["batch", 1200])], ["y"], {"w": w}), path)
+    return path
+
+
+def test_check_bisect_parses_the_model_once(tmp_path, monkeypatch, capsys):
+    parsed = []
+    parse, load = loading._parse, onnx.load_model
+
+    def counted_parse(data, where):
+        parsed.append(where)
+        return parse(data, where)
+
+    def counted_load(*args, **kwargs):
+        parsed.append(args[0] if args else kwargs)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "_parse", counted_parse)
+    monkeypatch.setattr(onnx, "load", counted_load)
+    monkeypatch.setattr(onnx, "load_model", counted_load)
+    path = _weighted_chain(tmp_path / "m.onnx")
+    assert main(["check", str(path), "--bisect"]) == 0
+    assert "bisect: the outputs of all 3 compared nodes match onnxruntime" in capsys.readouterr().out
+    assert parsed == [str(path)]
+    parsed.clear()
+    with perturbed("Tanh", "squash"):
+        assert main(["check", str(path)]) == 1
+    assert "first divergence: Tanh node 'squash'" in capsys.readouterr().out
+    assert parsed == [str(path)]
+
+
+def test_check_missing_model_exits_2(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "absent.onnx")]) == 2
+    assert capsys.readouterr().err == f"cannot convert {tmp_path / 'absent.onnx'}: no ONNX model at " \
+                                      f"{str(tmp_path / 'absent.onnx')!r}\n"
+
+
+def test_check_exits_2_when_onnxruntime_is_not_installed(tmp_path, monkeypatch, capsys):
+    path = _weighted_chain(tmp_path / "m.onnx")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
+    assert main(["check", str(path)]) == 2
+    assert capsys.readouterr().err == f"onnxruntime cannot run {path}: onnxruntime is not installed (pip install " \
+                                      "onnxruntime, or this package's 'test' extra)\n"
+
+
+def test_check_dequantize_exits_1_when_a_dtype_differs(tmp_path, capsys):
+    path = _weighted_chain(tmp_path / "m.onnx")
+    with perturbed("Relu", "clip", fn=lambda y: y.double()):
+        assert main(["check", str(path), "--dequantize"]) == 1
+    out = capsys.readouterr().out
+    assert "dtype float64 != onnxruntime's float32" in out and "bisect" not in out
+
+
+def test_ops_exits_2_when_the_model_cannot_be_read(tmp_path, capsys):
+    assert main(["ops", str(tmp_path / "absent.onnx")]) == 2
+    assert capsys.readouterr().err.startswith(f"cannot read {tmp_path / 'absent.onnx'}: no ONNX model at ")
+    (tmp_path / "junk.onnx").write_bytes(b"\xff\xff not a model")
+    assert main(["ops", str(tmp_path / "junk.onnx")]) == 2
+    assert "is not a serialized ONNX model" in capsys.readouterr().err
+
+
+def test_verbose_logging_lasts_one_run_and_leaves_the_logger_as_it_was(tmp_path, capsys):
+    path = _weighted_chain(tmp_path / "m.onnx")
+    logger = logging.getLogger("onnx2torch_rnn")
+    handlers = list(logger.handlers)
+    logger.setLevel(logging.WARNING)  # a caller's own setting
+    try:
+        for _ in range(2):  # the same lines each time
+            assert main(["check", str(path), "--verbose"]) == 0
+            assert "Tanh-13 node 'squash' -> converters." in capsys.readouterr().err
+            assert (logger.level, logger.handlers) == (logging.WARNING, handlers)
+        assert main(["check", str(tmp_path / "absent.onnx"), "--verbose"]) == 2  # a failed run restores it too
+        assert (logger.level, logger.handlers) == (logging.WARNING, handlers)
+        capsys.readouterr()
+        assert main(["check", str(path)]) == 0
+        assert capsys.readouterr().err == ""
+    finally:
+        logger.setLevel(logging.NOTSET)
+
+
+def test_to_onnx_exit_2_when_the_model_cannot_be_converted(tmp_path, capsys):
+    model = make_model([helper.make_node("Mystery", ["x"], ["y"], domain="test.custom", name="odd")],
+                       [("x", np.float32, [2])], [("y", np.float32, [2])], extra_opsets={"test.custom": 1})
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["to-onnx", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cannot convert {tmp_path / 'm.onnx'}: 1 unsupported operator(s)") and "'odd'" in err
+    assert not (tmp_path / "out.onnx").exists()

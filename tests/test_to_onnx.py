@@ -332,5 +332,10 @@ def test_cli_refusals_and_exit_codes(tmp_path, capsys):
     torch.save({"nothing": torch.zeros(1)}, tmp_path / "bad.pt")
     assert main(["to-onnx", str(MODELS / "torch" / "ts_lstm_op14.onnx"), "-o", str(tmp_path / "m.onnx"),
                  "--weights", str(tmp_path / "bad.pt")]) == 2
-    assert "cannot convert" in capsys.readouterr().err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt"]
+    err = capsys.readouterr().err
+    assert err.startswith(f"cannot load {tmp_path / 'bad.pt'} into the model converted from ") and "Missing key" in err
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    assert main(["to-onnx", str(MODELS / "torch" / "ts_lstm_op14.onnx"), "-o", str(tmp_path / "m.onnx"),
+                 "--weights", str(tmp_path / "junk.pt")]) == 2
+    assert capsys.readouterr().err.startswith(f"cannot load {tmp_path / 'junk.pt'} into the model converted from ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "junk.pt"]
