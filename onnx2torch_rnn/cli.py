@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModuleRunError, Onnx2TorchError, OutputExistsError, ReferenceRuntimeError
-from .loading import LoadedModel, load_model, subgraphs
+from .loading import LoadedModel, load_model, parse_file, subgraphs
 from .registry import normalize_domain, resolve
 
 
@@ -28,16 +28,18 @@ def _fail(message: str, code: int = 2) -> int:
 
 def ops(args: argparse.Namespace, bar: ProgressBar) -> int:
     """List the model's op types (subgraphs included) with counts and whether each has a converter. Exit 0 all
-    have one, 1 some have none, 2 when the model cannot be read."""
+    have one, 1 some have none, 2 when the file is no ONNX model. The model is only parsed, so that a model that
+    would not load (refused by the checker, external data missing) is listed too."""
     try:
-        loaded = load_model(args.model)
+        model = parse_file(args.model)
     except (Onnx2TorchError, FileNotFoundError) as error:
         return _fail(f"cannot read {args.model}: {error}")
+    opsets = {normalize_domain(o.domain): o.version for o in model.opset_import}
     counts = Counter((normalize_domain(node.domain), node.op_type)
-                     for graph in subgraphs(loaded.proto.graph) for node in graph.node)
+                     for graph in subgraphs(model.graph) for node in graph.node)
     rows, missing = [], 0
     for (domain, op_type), count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
-        opset = loaded.opsets.get(domain)
+        opset = opsets.get(domain)
         supported = opset is not None and resolve(domain, op_type, opset) is not None
         missing += not supported
         name = f"{domain}::{op_type}" if domain else op_type

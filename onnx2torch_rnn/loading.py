@@ -88,11 +88,8 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     elif isinstance(source, bytes | bytearray):
         proto = _parse(bytes(source), "<bytes>")
     elif isinstance(source, str | os.PathLike):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no ONNX model at {str(path)!r}")
-        proto = _parse(path.read_bytes(), str(path))
-        base_dir = path.resolve().parent if base_dir is None else base_dir
+        proto = parse_file(source)
+        base_dir = Path(source).resolve().parent if base_dir is None else base_dir
     else:
         raise TypeError(f"convert() takes a path, bytes or onnx.ModelProto, not {type(source).__name__}")
     base_dir = None if base_dir is None else str(base_dir)
@@ -123,6 +120,15 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     if opsets.get("", 0) > newest:
         raise UnsupportedOpsetError("", opsets[""], newest)
     return LoadedModel(proto, skeleton, base_dir, opsets, weights, source)
+
+
+def parse_file(path: str | os.PathLike) -> onnx.ModelProto:
+    """The model in the file at ``path``, only parsed: neither checked nor its external data resolved (``load_model``
+    does both)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no ONNX model at {str(path)!r}")
+    return _parse(path.read_bytes(), str(path))
 
 
 def _check_text(message) -> None:

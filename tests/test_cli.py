@@ -323,6 +323,16 @@ def test_ops_exits_2_when_the_model_cannot_be_read(tmp_path, capsys):
     assert "is not a serialized ONNX model" in capsys.readouterr().err
 
 
+def test_ops_lists_a_model_that_would_not_load(tmp_path, capsys):
+    onnx.save(onnx.load(_weighted_chain(tmp_path / "m.onnx")), tmp_path / "m.onnx", save_as_external_data=True,
+              location="m.data", size_threshold=0)
+    (tmp_path / "m.data").unlink()  # convert() refuses it; ops only reads the graph
+    assert main(["check", str(tmp_path / "m.onnx")]) == 2
+    assert "external data file 'm.data' not found" in capsys.readouterr().err
+    assert main(["ops", str(tmp_path / "m.onnx")]) == 0
+    assert "3 op types, 3 nodes, 0 unsupported" in capsys.readouterr().out
+
+
 def test_verbose_logging_lasts_one_run_and_leaves_the_logger_as_it_was(tmp_path, capsys):
     path = _weighted_chain(tmp_path / "m.onnx")
     logger = logging.getLogger("onnx2torch_rnn")
