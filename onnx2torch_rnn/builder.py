@@ -37,9 +37,9 @@ from .folding import FoldLimit, FoldTooLarge
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .modules.shape import ShapeExpr
-from .node import Converted, OnnxNode, attribute_value
+from .node import Converted, OnnxNode, StaticInput, attribute_value
 from .passes import FUSION_DOMAIN, Fusion, Recognised, recognise
-from .registry import NOT_FOLDABLE, Converter, normalize_domain, resolve, schema_for
+from .registry import NOT_FOLDABLE, Converter, normalize_domain, resolve, schema_for, static_inputs
 from .shape_arithmetic import ShapeArithmetic
 from .signature import META_KEY, record
 from .tensors import to_torch, torch_dtype
@@ -102,6 +102,20 @@ class ConversionContext:
     def assume_declared_dims(self, name: str) -> None:
         """A derived constant relies on the static dims graph input ``name`` declares: the module checks them."""
         self.assumed_inputs[name] = None
+
+    def static(self, node: OnnxNode, index: int, attribute: str | None = None) -> StaticInput:
+        """Input ``index`` of ``node``, which its converter declares static (``register_converter(static=...)``): its
+        value when conversion knows it, else its name for run time. ``attribute``: the attribute that held the value
+        in the versions before it became an input (Squeeze's axes, TopK's k, ...), read where the node's schema has
+        it."""
+        if attribute is not None and node.schema is not None and attribute in node.schema.attributes:
+            return StaticInput(node.attr(attribute), None)
+        if index not in node.static_inputs:
+            raise TypeError(f"the {node.op_type} converter reads input {index} as static without declaring it "
+                            f"(register_converter(..., static=...))")
+        name = node.input(index)
+        value = self.constant(name)
+        return StaticInput(value, None if value is not None else name)
 
     def shape_expression(self, name: str) -> ShapeExpr | None:
         """The run-time value ``name`` as integer arithmetic on tensor shapes and constants, or None."""
@@ -209,6 +223,7 @@ class Step:
     schema: onnx.defs.OpSchema | None
     fusion: Fusion | None  # for a fused node: what recognition proved it computes
     release: list[str]  # values this node is the last in its graph to read: dropped after it (ctx.release)
+    static_inputs: frozenset[int] = frozenset()  # the inputs its converter declares static (register_converter)
 
 
 @dataclass
@@ -260,6 +275,7 @@ def _plan(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], fusions: dict[str
         else:
             step.converter, step.version = found
             step.schema = schema_for(domain, node.op_type, opsets[domain])
+            step.static_inputs = static_inputs(domain, node.op_type, step.version)
         plan.steps.append(step)
     for node in nodes:
         for body in _bodies(node):
@@ -326,7 +342,8 @@ def convert_node(ctx: ConversionContext, proto: onnx.NodeProto,
     plan (e.g. a layer that a fused node converts); the builder converts the plan's nodes with their own."""
     domain = normalize_domain(proto.domain)
     converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
-    node = OnnxNode(proto, name or proto.name, version, schema_for(domain, proto.op_type, ctx.opsets[domain]))
+    node = OnnxNode(proto, name or proto.name, version, schema_for(domain, proto.op_type, ctx.opsets[domain]),
+                    static_inputs(domain, proto.op_type, version))
     return _run_converter(ctx, node, converter), version, converter
 
 
@@ -416,7 +433,7 @@ class _GraphBuilder:
 
     def node(self, step: Step) -> None:
         """Convert a node: its outputs become constants when it folds, else values its module computes."""
-        node = OnnxNode(step.proto, step.name, step.version, step.schema)
+        node = OnnxNode(step.proto, step.name, step.version, step.schema, step.static_inputs)
         try:
             result, where = self.fused(step, node) if step.fusion is not None else self.ordinary(step, node)
             outputs = self.fold(step, result)

@@ -39,7 +39,8 @@ def attribute_value(attribute: onnx.AttributeProto) -> Any:
 class OnnxNode:
     """An ONNX node with resolved version, normalised optional inputs and tracked attribute reads."""
 
-    def __init__(self, proto: onnx.NodeProto, name: str, version: int, schema: onnx.defs.OpSchema | None):
+    def __init__(self, proto: onnx.NodeProto, name: str, version: int, schema: onnx.defs.OpSchema | None,
+                 static_inputs: frozenset[int] = frozenset()):
         self.proto = proto
         self.name = name  # unique and non-empty, also when the ONNX node has no name
         self.op_type = proto.op_type
@@ -49,6 +50,7 @@ class OnnxNode:
         # Optional inputs/outputs may be '' anywhere: normalised to None once, here.
         self.inputs: tuple[str | None, ...] = tuple(name or None for name in proto.input)
         self.outputs: tuple[str | None, ...] = tuple(name or None for name in proto.output)
+        self.static_inputs = static_inputs  # the inputs its converter declares static (register_converter)
         self._attributes = {a.name: a for a in proto.attribute}
         self._read: set[str] = set()
 
@@ -111,3 +113,36 @@ class Converted:
     module: nn.Module
     inputs: Sequence[str | None]
 
+
+@dataclass(frozen=True)
+class StaticInput:
+    """An input that steers the computation (a shape, axes, pads, k, ...), as ``ConversionContext.static`` finds it:
+    ``value`` when conversion knows it (a tensor, or the Python value of the attribute that held it in earlier
+    versions), to bake into the module; else ``run_time``, the input's name, for the module to read at run time.
+    Both are None when the optional input is absent."""
+
+    value: Any
+    run_time: str | None
+
+    def values(self) -> list | None:
+        """The value's elements as a flat Python list."""
+        if self.value is None:
+            return None
+        if isinstance(self.value, torch.Tensor):
+            return self.value.reshape(-1).tolist()
+        return list(self.value) if isinstance(self.value, list | tuple) else [self.value]
+
+    def ints(self) -> list[int] | None:
+        """The elements as ints (floats truncate toward zero, as onnxruntime casts them)."""
+        values = self.values()
+        return None if values is None else [int(v) for v in values]
+
+    def integer(self) -> int | None:
+        """The first element as an int (a scalar such as TopK's k)."""
+        values = self.ints()
+        return None if values is None else values[0]
+
+    def scalar(self) -> bool | int | float | None:
+        """The single element of a scalar (or one-element) value."""
+        values = self.values()
+        return None if values is None else values[0]

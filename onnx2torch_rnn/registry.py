@@ -36,14 +36,20 @@ class OperationKey(NamedTuple):
 
 
 _CONVERTERS: dict[OperationKey, Converter] = {}
+_STATIC: dict[OperationKey, frozenset[int]] = {}  # the inputs each converter declares static
 
 
 def register_converter(
-    op_type: str, versions: int | Iterable[int], domain: str = "", *, replace: bool = False
+    op_type: str, versions: int | Iterable[int], domain: str = "", *, replace: bool = False,
+    static: Iterable[int] | None = None,
 ) -> Callable[[Converter], Converter]:
     """Decorator registering a converter for one or several since_versions of an op.
 
     Registering a key that already has a converter is an error unless ``replace=True`` (to override a built-in).
+    ``static``: the indices of the inputs that steer the computation (shapes, axes, pads, k, ...), which the converter
+    reads with ``ctx.static(node, index)``: a value known at conversion is baked into the module, otherwise the module
+    reads it at run time. Without ``static`` a replacement keeps the declaration of the converter it replaces (a
+    wrapper that calls the built-in reads what the built-in reads).
     """
     versions = (versions,) if isinstance(versions, int) else tuple(versions)
     domain = normalize_domain(domain)
@@ -55,9 +61,16 @@ def register_converter(
             raise ValueError(f"converter already registered for {taken}; pass replace=True to override it")
         for key in keys:
             _CONVERTERS[key] = converter
+            if static is not None or key not in _STATIC:
+                _STATIC[key] = frozenset(static or ())
         return converter
 
     return decorate
+
+
+def static_inputs(domain: str, op_type: str, version: int) -> frozenset[int]:
+    """The inputs the converter registered for (domain, op_type, since_version) declares static."""
+    return _STATIC.get(OperationKey(normalize_domain(domain), op_type, version), frozenset())
 
 
 @functools.cache  # onnx's lookup costs about 6 us, asked several times for every node of a graph

@@ -21,7 +21,7 @@ from onnx import NodeProto, TensorProto
 
 from .modules import shape as m
 from .node import OnnxNode
-from .registry import schema_for
+from .registry import resolve, schema_for, static_inputs
 
 
 class _NotShape(Exception):
@@ -33,17 +33,11 @@ _INTEGER_TYPES = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, Tensor
 
 
 def _static_list(ctx, node: OnnxNode, attribute: str, index: int) -> list[int] | None:
-    """A list that moved from an attribute to an input over the versions; None when absent; refused if run-time."""
-    if node.schema is not None and attribute in node.schema.attributes:
-        value = node.attr(attribute)
-        return None if value is None else list(value)
-    name = node.input(index)
-    if name is None:
-        return None
-    value = ctx.constant(name)
-    if value is None:
+    """A static input (or the attribute that held it before) as ints; None when absent; refused if run-time."""
+    value = ctx.static(node, index, attribute)
+    if value.run_time is not None:
         raise _NotShape
-    return [int(v) for v in value.reshape(-1).tolist()]
+    return value.ints()
 
 
 def _axis_zero(axes: list[int] | None) -> bool:
@@ -206,10 +200,13 @@ class ShapeArithmetic:
         proto = self._producers.get(value)
         if proto is None or proto.domain not in ("", "ai.onnx") or proto.op_type not in (*_EXPRESSIONS, "Split"):
             raise _NotShape
-        schema = schema_for("", proto.op_type, ctx.opsets.get("", 0))
-        if schema is None:
+        opset = ctx.opsets.get("", 0)
+        resolved = resolve("", proto.op_type, opset)  # read as its converter reads it
+        if resolved is None:
             raise _NotShape
-        node = OnnxNode(proto, proto.name, schema.since_version, schema)
+        version = resolved[1]
+        node = OnnxNode(proto, proto.name, version, schema_for("", proto.op_type, opset),
+                        static_inputs("", proto.op_type, version))
         if proto.op_type == "Split":
             expr = _split(ctx, node, self._build(proto.input[0]), list(proto.output).index(value))
         else:

@@ -21,7 +21,7 @@ from onnx2torch_rnn import Converted, register_converter
 from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
 from onnx2torch_rnn.modules import quantized as q
 from onnx2torch_rnn.recurrent import Recurrent
-from onnx2torch_rnn.registry import _CONVERTERS, resolve
+from onnx2torch_rnn.registry import _CONVERTERS, _STATIC, resolve
 
 Spec = tuple  # (name, element type as TensorProto int or numpy dtype, shape or None)
 
@@ -181,12 +181,14 @@ def parametrize_pairwise(**factors: list):
 @contextlib.contextmanager
 def registry_restored():
     """Converters registered or replaced inside the block are undone when it ends."""
-    saved = dict(_CONVERTERS)
+    saved, static = dict(_CONVERTERS), dict(_STATIC)
     try:
         yield
     finally:
         _CONVERTERS.clear()
         _CONVERTERS.update(saved)
+        _STATIC.clear()
+        _STATIC.update(static)
 
 
 class Then(torch.nn.Module):

@@ -20,6 +20,7 @@ from ..modules.common import ConstantValue, Function
 from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 from ..tensors import to_torch
+from .shape import converted
 
 _UNSIGNED = ("uint16/uint32 are computed exactly in int64 (torch has no kernels for them); uint64 is refused at "
              "conversion.")
@@ -150,7 +151,7 @@ def _in_dtype(value: float, dtype: torch.dtype | None) -> float:
     return value if dtype is None else torch.tensor(value, dtype=torch.float64).to(dtype).item()
 
 
-@register_converter("Clip", (6, 11, 12, 13))
+@register_converter("Clip", (6, 11, 12, 13), static=(1, 2))
 def clip(node: OnnxNode, ctx) -> Converted:
     """Opset 6: min/max attributes (min > max is refused, as onnxruntime refuses it). Opset 11+: min/max inputs,
     absent, constant (baked in) or computed at run time; min > max gives max, and an absent float bound is the
@@ -163,16 +164,11 @@ def clip(node: OnnxNode, ctx) -> Converted:
         if low > high:
             raise node.unsupported("min", low, f"greater than max={high}: onnxruntime refuses Clip-6 with min > max")
         return Converted(ew.Clip(_in_dtype(low, dtype), _in_dtype(high, dtype)), [x])
-    static, runtime = [], []
-    for attribute, name in (("min", node.input(1)), ("max", node.input(2))):
-        value = ctx.constant(name)
-        if value is not None and value.numel() != 1:
-            raise node.unsupported(attribute, list(value.shape), "a Clip bound must be a scalar")
-        static.append(None if value is None else value.reshape(()).item())
-        runtime.append(None if value is not None else name)
-    while runtime and runtime[-1] is None:
-        runtime.pop()
-    return Converted(ew.Clip(*static), [x, *runtime])
+    bounds = [ctx.static(node, 1), ctx.static(node, 2)]
+    for attribute, bound in zip(("min", "max"), bounds, strict=True):
+        if bound.value is not None and bound.value.numel() != 1:
+            raise node.unsupported(attribute, list(bound.value.shape), "a Clip bound must be a scalar")
+    return converted(ew.Clip(*(bound.scalar() for bound in bounds)), [x, *(bound.run_time for bound in bounds)])
 
 
 def _prelu_channels(slope: torch.Tensor | None, rank: int | None) -> int | None:

@@ -13,9 +13,10 @@ from torch import nn
 
 from ..modules import nn as m
 from ..modules.common import Function
-from ..node import Converted, OnnxNode
+from ..node import Converted, OnnxNode, StaticInput
 from ..registry import register_converter
 from ..tensors import torch_dtype
+from .shape import converted
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 SAME = ("SAME_UPPER", "SAME_LOWER")
@@ -303,22 +304,17 @@ def lrn(node: OnnxNode, ctx) -> Converted:
     return Converted(m.LRN(node.attr("size"), node.attr("alpha"), node.attr("beta"), node.attr("bias")), node.inputs)
 
 
-@register_converter("Dropout", (7, 10, 12, 13, 22))
+@register_converter("Dropout", (7, 10, 12, 13, 22), static=(1, 2))
 def dropout(node: OnnxNode, ctx) -> Converted:
     """Inference: the identity. The mask output is all true from opset 12 and, as onnxruntime has it, all false
     (opset 10: bool; opset 7: the input's type) before. training_mode (opset 12) true, constant or at run time,
     is honoured with torch's random generator (seeded with ``seed`` when given); its random numbers cannot match
     onnxruntime's."""
     seed = node.attr("seed")
-    ratio, training = node.attr("ratio", 0.5), False
-    ratio_name, training_name = node.input(1), node.input(2)
-    if ctx.is_constant(ratio_name):
-        ratio, ratio_name = float(ctx.constant(ratio_name)), None
-    if ctx.is_constant(training_name):
-        training, training_name = bool(ctx.constant(training_name)), None
-    module = m.Dropout(ratio, seed, training, len(node.outputs), inference_mask=node.version >= 12,
-                       bool_mask=node.version >= 10)
-    return Converted(module, [node.input(0), ratio_name, training_name])
+    ratio, training = ctx.static(node, 1, "ratio"), ctx.static(node, 2)
+    module = m.Dropout(0.5 if ratio.value is None else float(ratio.scalar()), seed, bool(training.scalar()),
+                       len(node.outputs), inference_mask=node.version >= 12, bool_mask=node.version >= 10)
+    return Converted(module, [node.input(0), ratio.run_time, training.run_time])
 
 
 # ----------------------------------------------------------------------------------------------- attention
@@ -400,7 +396,7 @@ def space_to_depth(node: OnnxNode, ctx) -> Converted:
     return Converted(m.SpaceToDepth(node.attr("blocksize"), mode), node.inputs)
 
 
-@register_converter("Pad", (2, 11, 13, 18, 19, 21, 23, 24, 25))
+@register_converter("Pad", (2, 11, 13, 18, 19, 21, 23, 24, 25), static=(1, 2, 3))
 def pad(node: OnnxNode, ctx) -> Converted:
     """constant, reflect, edge and (opset 19) wrap padding of any axes (opset 18 ``axes``); negative pads crop.
     Constant pads, value and axes are baked in; run-time ones are read at run time."""
@@ -408,16 +404,10 @@ def pad(node: OnnxNode, ctx) -> Converted:
     modes = ("constant", "reflect", "edge", "wrap") if node.version >= 19 else ("constant", "reflect", "edge")
     if mode not in modes:
         raise node.unsupported("mode", mode, f"expected one of {modes}")
-    if node.version < 11:
-        return Converted(m.Pad(mode, node.attr("pads"), node.attr("value")), [node.input(0)])
-    inputs = [node.input(0)]
-    static = {}
-    for key, name in (("pads", node.input(1)), ("value", node.input(2)), ("axes", node.input(3))):
-        value = ctx.constant(name)
-        if value is not None:
-            static[key] = value.item() if key == "value" else value.tolist()
-        inputs.append(None if value is not None else name)
-    return Converted(m.Pad(mode, **static), inputs)
+    pads, value, axes = ctx.static(node, 1, "pads"), ctx.static(node, 2, "value"), ctx.static(node, 3)
+    static = {"pads": pads.ints(), "value": value.scalar(), "axes": axes.ints()}
+    module = m.Pad(mode, **{key: v for key, v in static.items() if v is not None})
+    return converted(module, [node.input(0), pads.run_time, value.run_time, axes.run_time])
 
 
 # ----------------------------------------------------------------------------------------------- resizing
@@ -436,16 +426,7 @@ def _choice(node: OnnxNode, name: str, allowed, default=None):
     return value
 
 
-def _static_or_input(ctx, name: str | None, empty_is_absent: bool = False):
-    """(Python list, None) for a constant input, else (None, the input name for run time)."""
-    value = ctx.constant(name)
-    if value is None:
-        return None, name
-    values = value.tolist()
-    return (None if empty_is_absent and not values else values), None
-
-
-@register_converter("Resize", (10, 11, 13, 18, 19))
+@register_converter("Resize", (10, 11, 13, 18, 19), static=(1, 2, 3))
 def resize(node: OnnxNode, ctx) -> Converted:
     """nearest, linear and cubic resampling of any axes with every nearest_mode, coordinate_transformation_mode
     (half_pixel_symmetric from opset 19; tf_crop_and_resize with roi and extrapolation_value), cubic_coeff_a,
@@ -462,8 +443,8 @@ def resize(node: OnnxNode, ctx) -> Converted:
     mode = _choice(node, "mode", RESIZE_MODES)
     if node.version == 10:
         attributes = {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "simple"}
-        roi = sizes = roi_name = sizes_name = None
-        scales, scales_name = _static_or_input(ctx, node.input(1))
+        roi = sizes = StaticInput(None, None)
+        scales = ctx.static(node, 1)
     else:
         coordinate_modes = COORDINATE_MODES + (("half_pixel_symmetric",) if node.version >= 19 else ())
         attributes = {
@@ -476,16 +457,16 @@ def resize(node: OnnxNode, ctx) -> Converted:
             raise node.unsupported("antialias", 1, "antialias applies to linear and cubic only")
         if attributes["exclude_outside"] and mode != "cubic" and not (attributes["antialias"] and mode == "linear"):
             raise node.unsupported("exclude_outside", 1, "applies to cubic (and antialiased linear) only")
-        roi, roi_name = _static_or_input(ctx, node.input(1))
+        roi = ctx.static(node, 1)
         if attributes["coordinate_transformation_mode"] != "tf_crop_and_resize":
-            roi, roi_name = None, None  # roi only takes effect with tf_crop_and_resize
-        scales, scales_name = _static_or_input(ctx, node.input(2), empty_is_absent=True)
-        sizes, sizes_name = _static_or_input(ctx, node.input(3))
+            roi = StaticInput(None, None)  # roi only takes effect with tf_crop_and_resize
+        scales, sizes = ctx.static(node, 2), ctx.static(node, 3)
     dtype = ctx.dtype(node.input(0))
     if mode != "nearest" and dtype is not None and not dtype.is_floating_point:
         raise node.unsupported("mode", mode, f"{mode} resizing of {dtype} tensors (onnxruntime rounds them)")
-    module = m.Resize(mode, roi=roi, scales=scales, sizes=sizes, **attributes)
-    return Converted(module, [node.input(0), roi_name, scales_name, sizes_name])
+    # an empty scales input means "use sizes"
+    module = m.Resize(mode, roi=roi.values(), scales=scales.values() or None, sizes=sizes.values(), **attributes)
+    return Converted(module, [node.input(0), roi.run_time, scales.run_time, sizes.run_time])
 
 
 GRID_SAMPLE_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "bicubic": "bicubic",
@@ -511,14 +492,11 @@ def grid_sample(node: OnnxNode, ctx) -> Converted:
                      node.inputs)
 
 
-@register_converter("Upsample", (7, 9))
+@register_converter("Upsample", (7, 9), static=(1,))
 def upsample(node: OnnxNode, ctx) -> Converted:
     """nearest and linear upsampling (Resize with asymmetric coordinates and opset-10 nearest rounding); scales
     from the attribute (opset 7) or a constant or run-time input (opset 9)."""
     mode = _choice(node, "mode", ("nearest", "linear"))
-    if node.version == 7:
-        scales, scales_name = node.attr("scales"), None
-    else:
-        scales, scales_name = _static_or_input(ctx, node.input(1))
-    module = m.Resize(mode, "asymmetric", "simple", scales=scales)
-    return Converted(module, [node.input(0), None, scales_name, None])
+    scales = ctx.static(node, 1, "scales")
+    module = m.Resize(mode, "asymmetric", "simple", scales=scales.values())
+    return Converted(module, [node.input(0), None, scales.run_time, None])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..modules.shape import Reduce
 from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
-from .shape import attribute_or_input, converted
+from .shape import converted
 
 # op -> (ONNX versions, version from which axes is an input and noop_with_empty_axes exists)
 REDUCE_OPS: dict[str, tuple[tuple[int, ...], int]] = {
@@ -32,12 +32,11 @@ def reduce(node: OnnxNode, ctx) -> Converted:
     ReduceMax / ReduceMin over an empty axis give the spec's identity: -inf / +inf (an integer type's lowest /
     highest value, as onnxruntime; bool False / True, which onnxruntime refuses)."""
     refuse_uint64(node, ctx)
-    since = REDUCE_OPS[node.op_type][1]
-    axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=since)
+    axes = ctx.static(node, 1, "axes")
     noop = node.attr("noop_with_empty_axes", 0)
-    module = Reduce(node.op_type, axes, node.attr("keepdims"), noop)
-    return converted(module, [node.input(0), axes_input])
+    module = Reduce(node.op_type, axes.ints(), node.attr("keepdims"), noop)
+    return converted(module, [node.input(0), axes.run_time])
 
 
 for _op, (_versions, _) in REDUCE_OPS.items():
-    register_converter(_op, _versions)(reduce)
+    register_converter(_op, _versions, static=(1,))(reduce)

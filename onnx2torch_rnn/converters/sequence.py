@@ -10,28 +10,27 @@ from __future__ import annotations
 from ..modules import sequence as m
 from ..node import Converted, OnnxNode
 from ..registry import register_converter
-from .shape import constant_ints, converted, run_time
+from .shape import converted
 
 
-@register_converter("SplitToSequence", (11, 24))
+@register_converter("SplitToSequence", (11, 24), static=(1,))
 def split_to_sequence(node: OnnxNode, ctx) -> Converted:
     """`split` absent (parts of 1, squeezed when keepdims=0), a scalar (the last part may be smaller) or 1-D sizes
     (zeros allowed, as onnxruntime), constant or computed at run time. keepdims applies without `split` and, as in
     onnxruntime, to a scalar split of 1."""
-    name = node.input(1)
-    sizes = constant_ints(ctx, name)
-    if sizes is not None and ctx.constant(name).dim() == 0:
+    split = ctx.static(node, 1)
+    sizes = split.ints()
+    if sizes is not None and split.value.dim() == 0:
         sizes = sizes[0]
     module = m.SplitToSequence(node.attr("axis"), node.attr("keepdims"), sizes)
-    return converted(module, [node.input(0), run_time(ctx, name)])
+    return converted(module, [node.input(0), split.run_time])
 
 
-@register_converter("SequenceAt", (11,))
+@register_converter("SequenceAt", (11,), static=(1,))
 def sequence_at(node: OnnxNode, ctx) -> Converted:
     """Position constant or computed at run time, in [-n, n - 1]; out of range raises."""
-    position = constant_ints(ctx, node.input(1))
-    return converted(m.SequenceAt(None if position is None else position[0]),
-                     [node.input(0), run_time(ctx, node.input(1))])
+    position = ctx.static(node, 1)
+    return converted(m.SequenceAt(position.integer()), [node.input(0), position.run_time])
 
 
 @register_converter("SequenceConstruct", (11,))
@@ -46,20 +45,18 @@ def sequence_length(node: OnnxNode, ctx) -> Converted:
     return Converted(m.SequenceLength(), node.inputs)
 
 
-@register_converter("SequenceInsert", (11,))
+@register_converter("SequenceInsert", (11,), static=(2,))
 def sequence_insert(node: OnnxNode, ctx) -> Converted:
     """Position constant or computed at run time, in [-n, n]; absent: at the back; out of range raises."""
-    position = constant_ints(ctx, node.input(2))
-    return converted(m.SequenceInsert(None if position is None else position[0]),
-                     [node.input(0), node.input(1), run_time(ctx, node.input(2))])
+    position = ctx.static(node, 2)
+    return converted(m.SequenceInsert(position.integer()), [node.input(0), node.input(1), position.run_time])
 
 
-@register_converter("SequenceErase", (11,))
+@register_converter("SequenceErase", (11,), static=(1,))
 def sequence_erase(node: OnnxNode, ctx) -> Converted:
     """Position constant or computed at run time, in [-n, n - 1]; absent: the last; out of range raises."""
-    position = constant_ints(ctx, node.input(1))
-    return converted(m.SequenceErase(None if position is None else position[0]),
-                     [node.input(0), run_time(ctx, node.input(1))])
+    position = ctx.static(node, 1)
+    return converted(m.SequenceErase(position.integer()), [node.input(0), position.run_time])
 
 
 @register_converter("ConcatFromSequence", (11,))

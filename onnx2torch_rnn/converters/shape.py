@@ -1,8 +1,9 @@
 """Tensor and shape manipulation ops.
 
-Inputs that steer the computation (Reshape's shape, Squeeze's axes, Slice's starts, TopK's k, ...) are baked into the
-module as Python ints when they are constants at conversion time; when an exporter computes them at run time
-(Shape -> Gather -> Concat -> Reshape) the module takes them as tensors instead, with the same semantics.
+Inputs that steer the computation (Reshape's shape, Squeeze's axes, Slice's starts, TopK's k, ...) are declared
+static (``register_converter(static=...)``) and read with ``ctx.static``: baked into the module as Python ints when
+they are constants at conversion time; when an exporter computes them at run time (Shape -> Gather -> Concat ->
+Reshape) the module takes them as tensors instead, with the same semantics.
 """
 
 from __future__ import annotations
@@ -18,26 +19,7 @@ from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 from ..tensors import torch_dtype
 
-# ---- helpers shared with reduce.py ----------------------------------------------------------------------------------
-
-
-def constant_ints(ctx, name: str | None) -> list[int] | None:
-    """A constant input's values as Python ints, or None when the input is absent or computed at run time."""
-    value = ctx.constant(name)
-    return None if value is None else [int(v) for v in value.reshape(-1).tolist()]
-
-
-def run_time(ctx, name: str | None) -> str | None:
-    """The input's name when it is computed at run time, else None (absent, or a constant baked into the module)."""
-    return None if name is None or ctx.is_constant(name) else name
-
-
-def attribute_or_input(node: OnnxNode, ctx, attribute: str, index: int, since: int):
-    """(static ints or None, run-time input name or None) for a value that moved from an attribute to an input."""
-    if node.version < since:
-        return node.attr(attribute), None
-    name = node.input(index)
-    return constant_ints(ctx, name), run_time(ctx, name)
+# ---- helpers shared with reduce.py, sequence.py and nn.py --------------------------------------------------------
 
 
 def converted(module, inputs: Sequence[str | None]) -> Converted:
@@ -58,10 +40,6 @@ def with_shape_inputs(ctx, module, inputs: Sequence[str | None], positions: Sequ
         return converted(module, inputs)
     wrapper = m.FromShapes(module, exprs, len(inputs), device)
     return Converted(wrapper, [None if i in exprs else name for i, name in enumerate(inputs)] + wrapper.sources)
-
-
-def _first(values: list[int] | None) -> int | None:
-    return None if values is None else values[0]
 
 
 def element_type(node: OnnxNode, attribute: str, onnx_type: int) -> torch.dtype:
@@ -88,12 +66,12 @@ def size(node: OnnxNode, ctx) -> Converted:
     return Converted(m.Size(), [node.input(0)])
 
 
-@register_converter("Reshape", (5, 13, 14, 19, 21, 23, 24, 25))
+@register_converter("Reshape", (5, 13, 14, 19, 21, 23, 24, 25), static=(1,))
 def reshape(node: OnnxNode, ctx) -> Converted:
     """Full semantics: 0 copies the input dim (unless allowzero=1), -1 is inferred; shape constant or run-time."""
-    shape = node.input(1)
-    module = m.Reshape(constant_ints(ctx, shape), node.attr("allowzero", 0))
-    return with_shape_inputs(ctx, module, [node.input(0), run_time(ctx, shape)])
+    shape = ctx.static(node, 1)
+    module = m.Reshape(shape.ints(), node.attr("allowzero", 0))
+    return with_shape_inputs(ctx, module, [node.input(0), shape.run_time])
 
 
 @register_converter("Flatten", (1, 9, 11, 13, 21, 23, 24, 25))
@@ -102,18 +80,18 @@ def flatten(node: OnnxNode, ctx) -> Converted:
     return Converted(m.Flatten(node.attr("axis")), [node.input(0)])
 
 
-@register_converter("Squeeze", (1, 11, 13, 21, 23, 24, 25))
+@register_converter("Squeeze", (1, 11, 13, 21, 23, 24, 25), static=(1,))
 def squeeze(node: OnnxNode, ctx) -> Converted:
     """Axes as attribute (before 13) or input (constant or run-time); no axes squeezes every size-1 dim."""
-    axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=13)
-    return with_shape_inputs(ctx, m.Squeeze(axes), [node.input(0), axes_input])
+    axes = ctx.static(node, 1, "axes")
+    return with_shape_inputs(ctx, m.Squeeze(axes.ints()), [node.input(0), axes.run_time])
 
 
-@register_converter("Unsqueeze", (1, 11, 13, 21, 23, 24, 25))
+@register_converter("Unsqueeze", (1, 11, 13, 21, 23, 24, 25), static=(1,))
 def unsqueeze(node: OnnxNode, ctx) -> Converted:
     """Axes as attribute (before 13) or input (constant or run-time), negative axes count in the output rank."""
-    axes, axes_input = attribute_or_input(node, ctx, "axes", 1, since=13)
-    return with_shape_inputs(ctx, m.Unsqueeze(axes), [node.input(0), axes_input])
+    axes = ctx.static(node, 1, "axes")
+    return with_shape_inputs(ctx, m.Unsqueeze(axes.ints()), [node.input(0), axes.run_time])
 
 
 @register_converter("Transpose", (1, 13, 21, 23, 24, 25))
@@ -128,43 +106,40 @@ def concat(node: OnnxNode, ctx) -> Converted:
     return Converted(m.Concat(node.attr("axis")), node.inputs)
 
 
-@register_converter("Split", (2, 11, 13, 18))
+@register_converter("Split", (2, 11, 13, 18), static=(1,))
 def split(node: OnnxNode, ctx) -> Converted:
     """Sizes from `split` (attribute before 13, then an input, constant or run-time) or equal parts; with
     num_outputs (opset 18) the last part may be smaller."""
-    sizes, sizes_input = attribute_or_input(node, ctx, "split", 1, since=13)
+    sizes = ctx.static(node, 1, "split")
     parts = len(node.outputs)
     num_outputs = node.attr("num_outputs", None)
     if num_outputs is not None and num_outputs != parts:
         raise node.unsupported("num_outputs", num_outputs, f"the node has {parts} outputs")
-    module = m.Split(node.attr("axis"), sizes or None, parts)
-    return with_shape_inputs(ctx, module, [node.input(0), sizes_input])
+    module = m.Split(node.attr("axis"), sizes.ints() or None, parts)
+    return with_shape_inputs(ctx, module, [node.input(0), sizes.run_time])
 
 
-@register_converter("Slice", (1, 10, 11, 13))
+@register_converter("Slice", (1, 10, 11, 13), static=(1, 2, 3, 4))
 def slice_(node: OnnxNode, ctx) -> Converted:
     """Starts/ends/axes as attributes (opset 1) or inputs, each constant or run-time; negative steps, absent axes,
     and clamping of out-of-range starts and ends as the spec says."""
-    if node.version < 10:
-        module = m.Slice(node.attr("starts"), node.attr("ends"), node.attr("axes"))
-        return Converted(module, [node.input(0)])
-    names = [node.input(i) for i in range(1, 5)]
-    module = m.Slice(*(constant_ints(ctx, name) for name in names))
-    return with_shape_inputs(ctx, module, [node.input(0), *(run_time(ctx, name) for name in names)], (1, 2, 3, 4))
+    values = [ctx.static(node, i, name) for i, name in enumerate(("starts", "ends", "axes", "steps"), 1)]
+    module = m.Slice(*(value.ints() for value in values))
+    return with_shape_inputs(ctx, module, [node.input(0), *(value.run_time for value in values)], (1, 2, 3, 4))
 
 
-@register_converter("Expand", (8, 13))
+@register_converter("Expand", (8, 13), static=(1,))
 def expand(node: OnnxNode, ctx) -> Converted:
     """Bidirectional broadcasting to `shape` (a 1 keeps the input's dim); shape constant or run-time."""
-    shape = node.input(1)
-    return with_shape_inputs(ctx, m.Expand(constant_ints(ctx, shape)), [node.input(0), run_time(ctx, shape)])
+    shape = ctx.static(node, 1)
+    return with_shape_inputs(ctx, m.Expand(shape.ints()), [node.input(0), shape.run_time])
 
 
-@register_converter("Tile", (6, 13))
+@register_converter("Tile", (6, 13), static=(1,))
 def tile(node: OnnxNode, ctx) -> Converted:
     """Tensor.repeat; repeats constant or run-time."""
-    repeats = node.input(1)
-    return with_shape_inputs(ctx, m.Tile(constant_ints(ctx, repeats)), [node.input(0), run_time(ctx, repeats)])
+    repeats = ctx.static(node, 1)
+    return with_shape_inputs(ctx, m.Tile(repeats.ints()), [node.input(0), repeats.run_time])
 
 
 # ---- indexing -------------------------------------------------------------------------------------------------------
@@ -269,7 +244,7 @@ def range_(node: OnnxNode, ctx) -> Converted:
     return Converted(m.Range(stash_type), node.inputs)
 
 
-@register_converter("ConstantOfShape", (9, 20, 21, 23, 24, 25))
+@register_converter("ConstantOfShape", (9, 20, 21, 23, 24, 25), static=(0,))
 def constant_of_shape(node: OnnxNode, ctx) -> Converted:
     """torch.full with the `value` attribute's dtype (float32 0 by default); shape constant or run-time."""
     try:
@@ -277,9 +252,9 @@ def constant_of_shape(node: OnnxNode, ctx) -> Converted:
     except NotImplementedError as error:
         raise node.unsupported("value", "tensor", str(error)) from None
     value = torch.zeros(1) if value is None else value
-    shape = node.input(0)
-    module = m.ConstantOfShape(value.reshape(-1)[0].item(), value.dtype, constant_ints(ctx, shape))
-    return with_shape_inputs(ctx, module, [run_time(ctx, shape)], (0,), device=True)
+    shape = ctx.static(node, 0)
+    module = m.ConstantOfShape(value.reshape(-1)[0].item(), value.dtype, shape.ints())
+    return with_shape_inputs(ctx, module, [shape.run_time], (0,), device=True)
 
 
 @register_converter("EyeLike", (9, 22))
@@ -290,22 +265,22 @@ def eye_like(node: OnnxNode, ctx) -> Converted:
     return Converted(m.EyeLike(dtype, node.attr("k")), [node.input(0)])
 
 
-@register_converter("OneHot", (9, 11, 28))
+@register_converter("OneHot", (9, 11, 28), static=(1,))
 def one_hot(node: OnnxNode, ctx) -> Converted:
     """Negative indices count from `depth`, out-of-range ones give all off values; float indices and depth
     truncate toward zero; depth constant or run-time."""
-    depth = node.input(1)
-    module = m.OneHot(node.attr("axis"), _first(constant_ints(ctx, depth)))
-    return Converted(module, [node.input(0), run_time(ctx, depth), node.input(2)])
+    depth = ctx.static(node, 1)
+    module = m.OneHot(node.attr("axis"), depth.integer())
+    return Converted(module, [node.input(0), depth.run_time, node.input(2)])
 
 
-@register_converter("Trilu", (14,))
+@register_converter("Trilu", (14,), static=(1,))
 def trilu(node: OnnxNode, ctx) -> Converted:
     """torch.triu / torch.tril over the last two dims; k constant or run-time."""
     refuse_uint64(node, ctx)
-    k = node.input(1)
-    module = m.Trilu(node.attr("upper"), 0 if k is None else _first(constant_ints(ctx, k)))
-    return converted(module, [node.input(0), run_time(ctx, k)])
+    k = ctx.static(node, 1)
+    module = m.Trilu(node.attr("upper"), 0 if node.input(1) is None else k.integer())
+    return converted(module, [node.input(0), k.run_time])
 
 
 # ---- types ----------------------------------------------------------------------------------------------------------
@@ -364,15 +339,14 @@ def reverse_sequence(node: OnnxNode, ctx) -> Converted:
     return Converted(module, node.inputs)
 
 
-@register_converter("TopK", (1, 10, 11, 24))
+@register_converter("TopK", (1, 10, 11, 24), static=(1,))
 def top_k(node: OnnxNode, ctx) -> Converted:
     """Stable sort: ties keep the lower index first as in onnxruntime; k attribute (opset 1) or input (constant or
     run-time); largest/sorted (opset 11). sorted=0 also returns sorted values (the spec leaves the order open,
     onnxruntime returns another order)."""
-    k, k_input = attribute_or_input(node, ctx, "k", 1, since=10)
-    k = k if isinstance(k, int) or k is None else _first(k)
-    module = m.TopK(node.attr("axis"), node.attr("largest", 1), node.attr("sorted", 1), k)
-    return with_shape_inputs(ctx, module, [node.input(0), k_input])
+    k = ctx.static(node, 1, "k")
+    module = m.TopK(node.attr("axis"), node.attr("largest", 1), node.attr("sorted", 1), k.integer())
+    return with_shape_inputs(ctx, module, [node.input(0), k.run_time])
 
 
 def _arg_extreme(node: OnnxNode, ctx) -> Converted:
@@ -388,10 +362,10 @@ for _op in ("ArgMax", "ArgMin"):
     register_converter(_op, (1, 11, 12, 13))(_arg_extreme)
 
 
-@register_converter("CumSum", (11, 14))
+@register_converter("CumSum", (11, 14), static=(1,))
 def cum_sum(node: OnnxNode, ctx) -> Converted:
     """Cumulative sum in the input's dtype, exclusive and reverse; axis constant or run-time."""
     refuse_uint64(node, ctx)
-    axis = node.input(1)
-    module = m.CumSum(node.attr("exclusive"), node.attr("reverse"), _first(constant_ints(ctx, axis)))
-    return converted(module, [node.input(0), run_time(ctx, axis)])
+    axis = ctx.static(node, 1)
+    module = m.CumSum(node.attr("exclusive"), node.attr("reverse"), axis.integer())
+    return converted(module, [node.input(0), axis.run_time])
