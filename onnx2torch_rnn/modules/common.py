@@ -1,11 +1,16 @@
-"""Small generic modules shared by many converters."""
+"""Module, the base of every module of this library (it keeps its constructor arguments, for codegen), and small
+generic modules shared by many converters."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+
+LITERAL_MAX_ELEMENTS = 8  # tensor arguments up to this size are kept (and written out by codegen) as they are
 
 
 def ceil_div(a, b):
@@ -29,7 +34,66 @@ def attributes_repr(module: nn.Module, names: Sequence[str]) -> str:
     return ", ".join(f"{n}={getattr(module, n)!r}" for n in names if getattr(module, n) is not None)
 
 
-class Function(nn.Module):
+@dataclasses.dataclass(frozen=True)
+class TensorStub:
+    """What a module keeps of a large tensor argument: shape, dtype and whether it is all zeros. The module holds
+    what it needs of the data itself (often reordered or cast); keeping the argument too would double a model's
+    memory. codegen writes it as ``torch.zeros`` / ``torch.ones`` of that shape, a placeholder that the saved
+    weights replace; zeros or not matters where a constructor looks at the values (an all-zero LSTM P)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    zeros: bool
+
+
+def kept(value: object) -> object:
+    """A constructor argument as a module keeps it: large tensors as TensorStub, small ones copied (a view would keep
+    its base tensor alive), lists, tuples and dicts item by item, anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        if value.is_meta or value.numel() > LITERAL_MAX_ELEMENTS:
+            return TensorStub(tuple(value.shape), value.dtype, value.is_meta or not bool(value.any()))
+        return value.detach().clone()
+    if type(value) in (list, tuple):
+        return type(value)(kept(v) for v in value)
+    if type(value) is dict:
+        return {k: kept(v) for k, v in value.items()}
+    return value
+
+
+_ARGUMENTS = "_constructor_arguments"  # set in __dict__ directly: before nn.Module.__init__ has run
+
+
+def _recording(init: Callable) -> Callable:
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if _ARGUMENTS not in self.__dict__:  # the outermost __init__ (the class's own) sees the caller's arguments
+            self.__dict__[_ARGUMENTS] = (kept(args), kept(kwargs))
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+class Module(nn.Module):
+    """Base of every module of this library: it keeps the arguments it was built with (``constructor_arguments``),
+    from which codegen writes the call that rebuilds it. Each subclass's own ``__init__`` is wrapped once, when the
+    class is defined; nothing outside this class hierarchy is touched."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in vars(cls):
+            cls.__init__ = _recording(vars(cls)["__init__"])
+
+    @_recording
+    def __init__(self):
+        super().__init__()
+
+
+def constructor_arguments(module: nn.Module) -> tuple[tuple, dict] | None:
+    """``(args, kwargs)`` as ``module`` was built with (see ``kept``); None for a module not derived from Module."""
+    return module.__dict__.get(_ARGUMENTS) if isinstance(module, Module) else None
+
+
+class Function(Module):
     """Calls ``fn(*inputs, **kwargs)``: the module for ops that are one torch function with fixed arguments."""
 
     def __init__(self, fn: Callable, **kwargs):
@@ -45,7 +109,7 @@ class Function(nn.Module):
         return ", ".join([name, *(f"{k}={v!r}" for k, v in self.kwargs.items())])
 
 
-class ConstantValue(nn.Module):
+class ConstantValue(Module):
     """Returns a fixed tensor (ONNX Constant); the builder folds it at conversion time."""
 
     def __init__(self, value: torch.Tensor):
@@ -56,7 +120,7 @@ class ConstantValue(nn.Module):
         return self.value
 
 
-class DeclaredShape(nn.Module):
+class DeclaredShape(Module):
     """Refuses a graph input whose static dims differ from those the model declares, as onnxruntime does. Added
     only where conversion relied on them (shape arithmetic on those dims was evaluated once, at conversion)."""
 

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .common import Module
 
-class If(nn.Module):
+
+class If(Module):
     def __init__(self, then_branch: nn.Module, else_branch: nn.Module, then_inputs: Sequence[int],
                  else_inputs: Sequence[int], num_outputs: int):
         super().__init__()
@@ -29,7 +31,7 @@ class If(nn.Module):
         return outputs[0] if self.num_outputs == 1 else tuple(outputs)
 
 
-class Loop(nn.Module):
+class Loop(Module):
     """ONNX Loop: ``for i in range(M) while cond`` over a body(i, cond, *carried, *captured)."""
 
     def __init__(self, body: nn.Module, num_carried: int, num_scan_outputs: int, num_outputs: int,
@@ -67,7 +69,7 @@ class Loop(nn.Module):
         return outputs[0] if self.num_outputs == 1 else outputs
 
 
-class Scan(nn.Module):
+class Scan(Module):
     """ONNX Scan (opset 9+): iterate the body over slices of the scan inputs, carrying state."""
 
     def __init__(self, body: nn.Module, num_state: int, num_scan_inputs: int, input_axes: Sequence[int],
@@ -108,7 +110,7 @@ class Scan(nn.Module):
         return outputs[0] if self.num_outputs == 1 else outputs
 
 
-class Scan8(nn.Module):
+class Scan8(Module):
     """ONNX Scan-8: a batch axis 0 on every input and output, an optional sequence_lens per batch row.
 
     Scan outputs of rows shorter than the longest are zero past their length."""

@@ -11,9 +11,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .common import trunc_div
+from .common import Module, trunc_div
 
 _WIDENED = (torch.uint16, torch.uint32)  # torch has few kernels for these; int64 holds every value exactly
 
@@ -243,7 +242,7 @@ def hardmax(x, dim):
     return torch.zeros_like(x).scatter(dim, first, 1).masked_fill(nan.narrow(dim, 0, 1), 0)
 
 
-class Clip(nn.Module):
+class Clip(Module):
     """ONNX Clip: ``min(max(x, min), max)``, so min > max gives max everywhere, as onnxruntime does.
 
     Static bounds are Python numbers given at construction; bounds computed at run time arrive as tensors in
@@ -275,7 +274,7 @@ class Clip(nn.Module):
         return f"min={self.min}, max={self.max}"
 
 
-class Softmax(nn.Module):
+class Softmax(Module):
     """Softmax / LogSoftmax / Hardmax (``fn(x, dim)``) at ``axis``.
 
     ``coerce_2d`` (ONNX versions before 13): the input is flattened to 2-D at ``axis`` and the function runs over

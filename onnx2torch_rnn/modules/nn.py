@@ -13,9 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .common import attributes_repr, ceil_div, trunc_div
+from .common import Module, attributes_repr, ceil_div, trunc_div
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -64,7 +63,7 @@ def _pad_indices(n: int, before: int, after: int, mode: str, device) -> torch.Te
     return torch.where(index >= n, period - index, index)
 
 
-class Pad(nn.Module):
+class Pad(Module):
     """ONNX Pad. Static ``pads``/``value``/``axes`` are baked in; run-time ones are forward inputs."""
 
     def __init__(self, mode: str = "constant", pads: Sequence[int] | None = None, value: float = 0.0,
@@ -112,7 +111,7 @@ def conv_pads(auto_pad: str, sizes: Sequence[int], kernel: Sequence[int], stride
     return list(pads[:n]), list(pads[n:])
 
 
-class Conv(nn.Module):
+class Conv(Module):
     """ONNX Conv with run-time weights (constant weights become nn.ConvNd)."""
 
     def __init__(self, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
@@ -165,7 +164,7 @@ def conv_transpose_crop(auto_pad: str, sizes: Sequence[int], kernel: Sequence[in
     return begins, ends
 
 
-class ConvTranspose(nn.Module):
+class ConvTranspose(Module):
     """ONNX ConvTranspose with run-time weights or geometry torch cannot express (else nn.ConvTransposeNd)."""
 
     def __init__(self, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,
@@ -233,7 +232,7 @@ def _window_counts(geometry, kernel, strides, dilations, lower, upper, device) -
     return counts
 
 
-class _Pool(nn.Module):
+class _Pool(Module):
     """Shared geometry of MaxPool / AveragePool / LpPool: the input is padded explicitly so that one floor-mode
     torch window pass yields onnxruntime's output size (including ceil_mode), whatever the pads."""
 
@@ -344,7 +343,7 @@ class LpPool(_Pool):
         return self._window_sum(x.abs().pow(self.p), strides, dilations, begins, ends).pow(1.0 / self.p)
 
 
-class GlobalPool(nn.Module):
+class GlobalPool(Module):
     """GlobalAveragePool / GlobalMaxPool: reduce every spatial axis, keeping it as size 1."""
 
     def __init__(self, reduce: str):
@@ -367,7 +366,7 @@ def _channel_view(t: torch.Tensor, rank: int) -> torch.Tensor:
     return t.reshape(1, -1, *[1] * (rank - 2))
 
 
-class BatchNormalization(nn.Module):
+class BatchNormalization(Module):
     """ONNX BatchNormalization with run-time statistics, spatial=0, or training_mode=1 (else nn.BatchNormNd).
 
     training_mode=1 normalises with the batch statistics (population variance) and returns the updated running
@@ -397,7 +396,7 @@ class BatchNormalization(nn.Module):
         return attributes_repr(self, ["epsilon", "momentum", "spatial", "training_mode"])
 
 
-class InstanceNormalization(nn.Module):
+class InstanceNormalization(Module):
     """ONNX InstanceNormalization with run-time scale/bias (constant ones become nn.InstanceNormNd)."""
 
     def __init__(self, epsilon=1e-5):
@@ -411,7 +410,7 @@ class InstanceNormalization(nn.Module):
         return f"epsilon={self.epsilon}"
 
 
-class LayerNormalization(nn.Module):
+class LayerNormalization(Module):
     """ONNX LayerNormalization computed in the stash type; returns (Y, Mean, InvStdDev) up to ``outputs``."""
 
     def __init__(self, axis=-1, epsilon=1e-5, stash_type=torch.float32, outputs=1):
@@ -433,7 +432,7 @@ class LayerNormalization(nn.Module):
         return attributes_repr(self, ["axis", "epsilon", "stash_type"])
 
 
-class RMSNormalization(nn.Module):
+class RMSNormalization(Module):
     """ONNX RMSNormalization: x / sqrt(mean(x^2 over the axes from ``axis`` on) + epsilon) in the stash type, cast
     back to x's type, times scale (the order of the spec's function body)."""
 
@@ -455,7 +454,7 @@ def _allowed_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, torch.zeros((), dtype=dtype), torch.full((), -math.inf, dtype=dtype))
 
 
-class Attention(nn.Module):
+class Attention(Module):
     """ONNX Attention (opsets 23-25) in the order of the spec's reference: Q and K each times sqrt(scale) (cast to
     Q's type), past keys/values concatenated, K/V heads repeated for GQA, QK^T, softcap, the additive bias (attn_mask
     padded to the key length, causal frontier offset by the past length or nonpad_kv_seqlen - q_length, sliding
@@ -551,7 +550,7 @@ class Attention(nn.Module):
                                       "kv_num_heads", "softmax_precision", "left_window_size", "right_window_size"])
 
 
-class NegativeLogLikelihoodLoss(nn.Module):
+class NegativeLogLikelihoodLoss(Module):
     """ONNX NegativeLogLikelihoodLoss, and SoftmaxCrossEntropyLoss with ``log_softmax`` (the loss of the input's
     log-softmax over axis 1, which is the second output when ``outputs`` is 2): ``-input[n, target[n, d...], d...]``
     times the target's weight, 0 where the target is ignore_index; reduced by none, sum, or mean (divided by the sum
@@ -573,7 +572,7 @@ class NegativeLogLikelihoodLoss(nn.Module):
         return attributes_repr(self, ["reduction", "ignore_index"])
 
 
-class GroupNormalization(nn.Module):
+class GroupNormalization(Module):
     """ONNX GroupNormalization; ``per_group`` scale/bias (opset 18) are repeated over each group's channels."""
 
     def __init__(self, num_groups, epsilon=1e-5, stash_type=torch.float32, per_group=False):
@@ -591,7 +590,7 @@ class GroupNormalization(nn.Module):
         return attributes_repr(self, ["num_groups", "epsilon", "stash_type", "per_group"])
 
 
-class LRN(nn.Module):
+class LRN(Module):
     """ONNX LRN: the channel window is [c - floor((size-1)/2), c + ceil((size-1)/2)] (torch's
     nn.LocalResponseNorm centres even sizes the other way)."""
 
@@ -609,7 +608,7 @@ class LRN(nn.Module):
         return attributes_repr(self, ["size", "alpha", "beta", "bias"])
 
 
-class Dropout(nn.Module):
+class Dropout(Module):
     """ONNX Dropout. Inference (the default) is the identity; its mask is all ``inference_mask`` (onnxruntime:
     true from opset 12, false before), bool or (``bool_mask`` false, opset 7) of the input's type. In training mode
     (a constant or run-time ``training_mode`` input) elements are zeroed with probability ``ratio`` by torch's
@@ -646,7 +645,7 @@ class Dropout(nn.Module):
 
 # ----------------------------------------------------------------------------------------------- rearrangement
 
-class DepthToSpace(nn.Module):
+class DepthToSpace(Module):
     """ONNX DepthToSpace: DCR (depth, column, row) or CRD (column, row, depth = nn.PixelShuffle's order)."""
 
     def __init__(self, blocksize, mode="DCR"):
@@ -666,7 +665,7 @@ class DepthToSpace(nn.Module):
         return f"blocksize={self.blocksize}, mode={self.mode!r}"
 
 
-class SpaceToDepth(nn.Module):
+class SpaceToDepth(Module):
     """ONNX SpaceToDepth, the inverse of DepthToSpace in the same mode."""
 
     def __init__(self, blocksize, mode="DCR"):
@@ -686,7 +685,7 @@ class SpaceToDepth(nn.Module):
 
 # ----------------------------------------------------------------------------------------------- linear algebra
 
-class Gemm(nn.Module):
+class Gemm(Module):
     """ONNX Gemm with a run-time B (or C that is not a bias): alpha * A' @ B' + beta * C."""
 
     def __init__(self, alpha=1.0, beta=1.0, transA=0, transB=0):
@@ -705,7 +704,7 @@ class Gemm(nn.Module):
         return attributes_repr(self, ["alpha", "beta", "transA", "transB"])
 
 
-class Einsum(nn.Module):
+class Einsum(Module):
     """torch.einsum with a fixed equation."""
 
     def __init__(self, equation: str):
@@ -798,7 +797,7 @@ def _antialias_filter(u, mode: str, a):
                                                                                   torch.zeros_like(u)))
 
 
-class Resize(nn.Module):
+class Resize(Module):
     """ONNX Resize (and Upsample): separable per-axis resampling, exact to onnxruntime's arithmetic.
 
     Each resized axis becomes a table of source indices and weights (1 tap for nearest, 2 linear, 4 cubic, a

@@ -15,12 +15,12 @@ import math
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..recurrent.cells import Cell
 from ..recurrent.module import Recurrent
 from ..recurrent.runtime import recurrent
-from .common import attributes_repr
+from .common import Module, attributes_repr
 from .nn import AveragePool, Conv, _window_counts, pad
 
 
@@ -93,7 +93,7 @@ def per_axis(parameter: Tensor | None, x: Tensor, axis: int, block_size: int = 0
 
 # ----------------------------------------------------------------------------------------------- standard ops
 
-class QuantizeLinear(nn.Module):
+class QuantizeLinear(Module):
     """ONNX QuantizeLinear: per tensor, per axis or blocked; integer outputs (float8 is refused by the converter)."""
 
     def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype = torch.uint8):
@@ -108,7 +108,7 @@ class QuantizeLinear(nn.Module):
         return attributes_repr(self, ["axis", "block_size", "output_dtype"])
 
 
-class DequantizeLinear(nn.Module):
+class DequantizeLinear(Module):
     """ONNX DequantizeLinear: per tensor, per axis or blocked; float32 arithmetic, then the output type."""
 
     def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype | None = None):
@@ -139,7 +139,7 @@ def dynamic_parameters(x: Tensor, leading: int = 0) -> tuple[Tensor, Tensor]:
     return scale, zero_point.to(torch.uint8)
 
 
-class DynamicQuantizeLinear(nn.Module):
+class DynamicQuantizeLinear(Module):
     """ONNX DynamicQuantizeLinear: (y, y_scale, y_zero_point), uint8."""
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -159,7 +159,7 @@ def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_poi
     return torch.matmul(shifted(a, _row_zero_point(a_zero_point)), shifted(b, b_zero_point))
 
 
-class MatMulInteger(nn.Module):
+class MatMulInteger(Module):
     """ONNX MatMulInteger: the exact int32 product of the zero-point-shifted operands."""
 
     def forward(self, a: Tensor, b: Tensor, a_zero_point: Tensor | None = None,
@@ -185,7 +185,7 @@ class ConvInteger(Conv):
         return acc.to(torch.int32)
 
 
-class QLinearMatMul(nn.Module):
+class QLinearMatMul(Module):
     """ONNX QLinearMatMul: exact integer product, requantized with a_scale * b_scale / y_scale (float32)."""
 
     def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
@@ -252,7 +252,7 @@ def scale_bias(acc: Tensor, multiplier: Tensor, bias: Tensor | None) -> Tensor:
     return value if bias is None else value + bias.float()
 
 
-class DynamicQuantizeMatMul(nn.Module):
+class DynamicQuantizeMatMul(Module):
     """com.microsoft DynamicQuantizeMatMul: A quantized to uint8 over the whole tensor, integer product with B,
     scaled by a_scale * b_scale (float32), plus the bias."""
 
@@ -261,7 +261,7 @@ class DynamicQuantizeMatMul(nn.Module):
         return scale_bias(acc, a_scale * b_scale.float(), bias)
 
 
-class MatMulIntegerToFloat(nn.Module):
+class MatMulIntegerToFloat(Module):
     """com.microsoft MatMulIntegerToFloat: integer product scaled by a_scale * b_scale (float32), plus the bias."""
 
     def forward(self, a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None):
@@ -283,7 +283,7 @@ def _repeats_innermost(x: Tensor, shape: torch.Size) -> bool:
     return len(shape) > 0 and shape[-1] > 1 and (x.dim() == 0 or x.shape[-1] == 1)
 
 
-class QLinearAdd(nn.Module):
+class QLinearAdd(Module):
     """com.microsoft QLinearAdd as MLAS's AVX2 kernel computes it, for the vector operand x and the other operand y
     (a, unless a is a scalar within onnxruntime's broadcast spans): with r = scale / c_scale per operand,
     f = c_zp - fma(r_x, x_zp, r_y * y_zp) and c = convert(fma(x, r_x, fma(y, r_y, f))) on the raw values."""
@@ -301,7 +301,7 @@ class QLinearAdd(nn.Module):
         return convert_and_pack(value.expand(shape), a.dtype)
 
 
-class QLinearMul(nn.Module):
+class QLinearMul(Module):
     """com.microsoft QLinearMul as MLAS's SSE2 kernel computes it: c = convert(float32((a - a_zp) * (b - b_zp)) *
     (a_scale * b_scale / c_scale) + c_zp), the zero point added in float32 before rounding."""
 
@@ -316,7 +316,7 @@ def _zero(zero_point: Tensor | None) -> Tensor | float:
     return 0.0 if zero_point is None else as_float(zero_point)
 
 
-class QLinearLookup(nn.Module):
+class QLinearLookup(Module):
     """com.microsoft QLinearSigmoid / QLinearLeakyRelu: onnxruntime's 256-entry table, built on each call from the
     scales: y = quantize(f(x_scale * (q - x_zp))) for every q, then looked up."""
 
@@ -342,7 +342,7 @@ class QLinearLookup(nn.Module):
         return attributes_repr(self, ["function", "alpha"])
 
 
-class QLinearGlobalAveragePool(nn.Module):
+class QLinearGlobalAveragePool(Module):
     """com.microsoft QLinearGlobalAveragePool as MLAS computes it: the integer sum over the image minus x_zp times
     its size, times x_scale / (y_scale * size) in float32, rounded, plus y_zp, saturated."""
 
@@ -396,7 +396,7 @@ class QLinearAveragePool(AveragePool):
         return y.movedim(1, -1) if self.channels_last else y
 
 
-class QLinearSoftmax(nn.Module):
+class QLinearSoftmax(Module):
     """com.microsoft QLinearSoftmax as onnxruntime computes it: a 256-entry float32 table exp((q - 255 + shift) *
     x_scale) (in double, shift keeping the sum below FLT_MAX), each row looked up relative to its maximum and summed
     in order in float32, then saturate(round_half_even(table * floor(1 / y_scale) / sum) + y_zp). ``opset`` < 13
@@ -431,7 +431,7 @@ class QLinearSoftmax(nn.Module):
         return f"axis={self.axis}, opset={self.opset}"
 
 
-class QLinearConcat(nn.Module):
+class QLinearConcat(Module):
     """com.microsoft QLinearConcat: each input requantized to the output's scale and zero point through
     onnxruntime's table, quantize(x_scale * (q - x_zp)), or copied when its scale and zero point are the output's."""
 
@@ -451,7 +451,7 @@ class QLinearConcat(nn.Module):
         return f"axis={self.axis}"
 
 
-class QGemm(nn.Module):
+class QGemm(Module):
     """com.microsoft QGemm: int32 C plus the exact integer product of op(A) and op(B), scaled by alpha * a_scale *
     b_scale (per column of B or not), divided by y_scale and requantized when y's zero point is given, else float."""
 

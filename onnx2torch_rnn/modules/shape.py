@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from . import elementwise as ew
-from .common import attributes_repr, ceil_div, trunc_div
+from .common import Module, attributes_repr, ceil_div, trunc_div
 
 
 def ints(static: Sequence[int] | None, tensor: torch.Tensor | list | None) -> list[int] | None:
@@ -49,7 +49,7 @@ def wrap(indices: torch.Tensor, size: int | torch.Tensor) -> torch.Tensor:
     return torch.where(indices < 0, indices + size, indices)
 
 
-class _Attributes(nn.Module):
+class _Attributes(Module):
     """Base that shows the ONNX attributes (the ``__init__`` arguments) in ``print(gm)``."""
 
     _shown: tuple[str, ...] = ()
@@ -70,7 +70,7 @@ class Shape(_Attributes):
         return torch.tensor(data.shape[self.start:self.end], dtype=torch.int64, device=data.device)
 
 
-class Size(nn.Module):
+class Size(Module):
     def forward(self, data):
         return torch.tensor(data.numel(), dtype=torch.int64, device=data.device)
 
@@ -350,7 +350,7 @@ class ConstantOfShape(_Attributes):
         return torch.full(ints(self.shape, shape), self.value, dtype=self.dtype, device=device)
 
 
-class CastLike(nn.Module):
+class CastLike(Module):
     """Casts to the dtype of a second tensor (used when that dtype is unknown at conversion time)."""
 
     def forward(self, data, target):
@@ -412,7 +412,7 @@ class ArgExtreme(_Attributes):
         return f"{self.fn.__name__}, {super().extra_repr()}"
 
 
-class NonZero(nn.Module):
+class NonZero(Module):
     def forward(self, data):
         # onnxruntime treats a 0-d input as one element: shape (1, n).
         return torch.nonzero(data.reshape(1) if data.dim() == 0 else data).T
@@ -592,7 +592,7 @@ class ShapeExpr:
         return f"{self.op}({', '.join(map(repr, (*self.args, *self.params)))})"
 
 
-class FromShapes(nn.Module):
+class FromShapes(Module):
     """Calls ``module`` with the inputs at ``exprs``' positions computed from tensor shapes (ints, symbolic under
     tracing) instead of read from int64 tensors. Takes the module's inputs (None at those positions), then the
     source tensors; ``device`` is passed on to modules that create a tensor from a shape alone."""

@@ -19,6 +19,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from ..modules.common import Module
 from ..torch_compat import buffer_dict, flat_weight_names, parameter_dict
 from . import kernel, op
 from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
@@ -38,7 +39,7 @@ class FastWeights:
         return [self.parameters[name] for name in self.names]
 
 
-class Recurrent(nn.Module):
+class Recurrent(Module):
     """Shared module for ONNX LSTM/GRU/RNN; subclasses only name their cell.
 
     ``__init__`` takes the ONNX attributes, the constant inputs (W, R, B, P as tensors; sequence_lens as ints), which
@@ -174,7 +175,7 @@ class OnnxRNN(Recurrent):
     cell = RNN_CELL
 
 
-class StackedRecurrent(nn.Module):
+class StackedRecurrent(Module):
     """Recurrent layers run in turn, each reading the previous layer's output with its directions side by side
     (Y [T, D, N, H] -> [T, N, D*H]): the multi-layer network that exporters write as one node per layer with glue
     between them (``passes/stacked.py`` recognises it). Each layer is a Recurrent module with its own path choice.
@@ -234,7 +235,7 @@ class StackedRecurrent(nn.Module):
         return ", ".join(parts)
 
 
-class LoopedRecurrent(nn.Module):
+class LoopedRecurrent(Module):
     """One recurrent layer as a loop over time writes it (``passes/loops.py``: tf2onnx's Keras layers): x is
     time-major [T, N, I], the states have no direction axis ([N, H]), the mask is [T, N, 1].
 
