@@ -1,12 +1,13 @@
 """A converted model as standalone PyTorch code: ``OUTDIR/model.py`` and ``OUTDIR/weights.pt``.
 
 ``model.py`` defines ``class Model(nn.Module)`` (submodules, then the forward that torch.fx generated) and
-``load(weights=None) -> Model``. The submodules are this library's modules (and torch's), each rebuilt by a call to
-its constructor with the arguments the converter gave it: conversion runs with every module constructor recording its
-arguments (``_recording``). Tensor arguments are written as placeholders of the same shape (zeros where the tensor is
-all zeros, else ones; tiny tensors literally), since ``load`` replaces every parameter and buffer with the saved one.
-After writing, the files are loaded back and compared with the converted module (types, attributes, every tensor):
-whatever the code cannot rebuild is an error here, not a surprise later.
+``load(weights=None) -> Model``. Each submodule is rebuilt by a call to its constructor: this library's modules with
+the arguments they were built with (every one keeps them: ``modules.common.Module``), torch.nn modules from their
+public attributes (``_TORCH_MODULES``: the types converters create; any other type is an error, not a guess).
+Nothing outside this library is patched or recorded. Tensor arguments are written as placeholders of the same shape
+(zeros where the tensor is all zeros, else ones; tiny tensors literally), since ``load`` replaces every parameter and
+buffer with the saved one. After writing, the files are loaded back and compared with the converted module (types,
+attributes, every tensor): whatever the code cannot rebuild is an error here, not a surprise later.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import ast
 import contextlib
 import dataclasses
 import enum
-import functools
 import importlib
 import importlib.util
 import inspect
@@ -26,9 +26,7 @@ import operator
 import os
 import re
 import sys
-import threading
 import uuid
-import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -40,65 +38,17 @@ from torch import fx, nn
 from .builder import build, sanitize
 from .errors import Onnx2TorchError, OutputExistsError
 from .loading import LoadedModel, ModelSource, load_model
+from .modules.common import TensorStub, constructor_arguments, kept
 from .torch_compat import buffer_dict, fx_builtin_imports, parameter_dict
 
 CODE_FILE, WEIGHTS_FILE, PROGRAM_FILE = "model.py", "weights.pt", "model.pt2"
-LITERAL_MAX_ELEMENTS = 8  # tensor arguments up to this size are written out; larger ones become placeholders
 
 
 class CodegenError(Onnx2TorchError):
-    """The converted module cannot be written as code (e.g. a module whose constructor arguments are unknown)."""
+    """The converted module cannot be written as code (e.g. a module type whose constructor arguments are unknown)."""
 
 
-# ----------------------------------------------------------------------------------------------- recording
-
-_RECORD_LOCK = threading.Lock()
-
-
-def _module_classes() -> list[type]:
-    """The module classes converters construct: this library's and torch.nn's (never a user's own classes)."""
-    found, pending = {}, [nn.Module]  # a dict: a class with two module bases is listed once
-    while pending:
-        cls = pending.pop()
-        found[cls] = None
-        pending += cls.__subclasses__()
-    return [cls for cls in found if cls.__module__.startswith(("onnx2torch_rnn.", "torch.nn.", "torch.fx."))]
-
-
-def _recorder(init: Callable, records: weakref.WeakKeyDictionary) -> Callable:
-    @functools.wraps(init)
-    def recording_init(self, *args, **kwargs):
-        if self not in records:  # the outermost __init__ (a subclass's) sees the caller's arguments
-            records[self] = (args, kwargs)
-        init(self, *args, **kwargs)
-
-    return recording_init
-
-
-@contextlib.contextmanager
-def _recording() -> Iterator[weakref.WeakKeyDictionary]:
-    """While active, every library or torch.nn module constructor records its arguments: ``records[module] =
-    (args, kwargs)``.
-
-    Each class that defines ``__init__`` gets a recording wrapper, restored on exit; the lock keeps two recordings
-    (threads) from interleaving their wrappers.
-    """
-    with _RECORD_LOCK:
-        records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        patched = []
-        try:
-            for cls in _module_classes():
-                init = vars(cls).get("__init__")
-                if init is not None:
-                    cls.__init__ = _recorder(init, records)
-                    patched.append((cls, init))
-            yield records
-        finally:
-            for cls, init in reversed(patched):
-                cls.__init__ = init
-
-
-# ----------------------------------------------------------------------------------------------- code
+# ----------------------------------------------------------------------------------------------- names
 
 # Namespaces for objects without an importable qualified name (torch's C functions, Tensor methods), as the generated
 # code spells them.
@@ -108,23 +58,25 @@ _ALIASES = {"torch": "import torch", "nn": "from torch import nn", "F": "import 
             "operator": "import operator", "math": "import math"}
 
 
-class _Writer:
-    """Builds the source of model.py: imports, one class per GraphModule, constructor calls for the rest."""
+class _Names:
+    """The names model.py uses: import statements, the names fx's forward code binds after them, class names."""
 
-    def __init__(self, records: Mapping[nn.Module, tuple[tuple, dict]]):
-        self.records = records
+    def __init__(self):
         self.imports: dict[str, str] = {}  # name used in the code -> import statement
         self.bound: dict[str, object] = {}  # name used in the code -> the object it names
-        self.classes: list[str] = []  # class definitions, nested bodies first
         self.assignments: list[str] = []  # names that fx's forward code uses for functions, bound after imports
-        self.class_names: set[str] = {"Model", "load", "WEIGHTS", "Path", "Mapping", "os", *_ALIASES}
+        self.taken: set[str] = {"Model", "load", "WEIGHTS", "Path", "Mapping", "os", *_ALIASES}  # classes, fixed names
 
-    # names -----------------------------------------------------------------------------------------------------
-
-    def _namespace(self, prefix: str) -> str:
+    def namespace(self, prefix: str) -> str:
         root = prefix.split(".")[0]
         self.imports[root] = _ALIASES[root]
         return prefix
+
+    def new_class(self, name: str, exact: bool = False) -> str:
+        """A class name not used yet, based on ``name`` (``exact``: ``name`` itself, a reserved one)."""
+        name = name if exact else _unique(name, self.taken | self.bound.keys())
+        self.taken.add(name)
+        return name
 
     def reference(self, obj: object, where: str) -> str:
         """An expression naming a class, function or module-level object, with its import registered.
@@ -133,9 +85,9 @@ class _Writer:
         ``torch.x``, ``nn.X``, ``F.x``, ``torch.Tensor.x``, ... as people write them.
         """
         if obj is torch:
-            return self._namespace("torch")
+            return self.namespace("torch")
         if isinstance(obj, type) and issubclass(obj, nn.Module) and getattr(nn, obj.__name__, None) is obj:
-            return f"{self._namespace('nn')}.{obj.__name__}"
+            return f"{self.namespace('nn')}.{obj.__name__}"
         module_name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
         importable = bool(module_name) and "<" not in qualname and _resolve(module_name, qualname) is obj
         if importable and not module_name.startswith("torch"):
@@ -143,140 +95,14 @@ class _Writer:
         name = getattr(obj, "__name__", None)
         for prefix, namespace in _NAMESPACES:
             if name and getattr(namespace, name, None) is obj:
-                return f"{self._namespace(prefix)}.{name}"
+                return f"{self.namespace(prefix)}.{name}"
         if importable:
             return self._import(module_name, qualname)
         raise CodegenError(f"{where}: {obj!r} has no importable name (a lambda or local function?); give the "
                            "module a module-level function instead")
 
-    def _import(self, module_name: str, qualname: str) -> str:
-        top, _, rest = qualname.partition(".")
-        alias = self._bind(top, _resolve(module_name, top), f"from {module_name} import {top}")
-        return alias + (f".{rest}" if rest else "")
-
-    def _bind(self, name: str, obj: object, statement: str) -> str:
-        alias, n = name, 1
-        while (alias in self.bound and self.bound[alias] is not obj) or alias in self.class_names:
-            alias, n = f"{name}_{n}", n + 1
-        if alias not in self.bound:
-            self.bound[alias] = obj
-            self.imports[alias] = statement + (f" as {alias}" if alias != name else "")
-        return alias
-
-    # values ----------------------------------------------------------------------------------------------------
-
-    def literal(self, value: object, where: str) -> str:
-        """Python source for a constructor argument."""
-        if value is None or isinstance(value, bool | int | str):
-            return repr(value)
-        if isinstance(value, float):
-            return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
-        if isinstance(value, enum.Enum):
-            return f"{self.reference(type(value), where)}.{value.name}"
-        if isinstance(value, torch.dtype | torch.device):
-            self._namespace("torch")
-            return str(value) if isinstance(value, torch.dtype) else f"torch.device({str(value)!r})"
-        if isinstance(value, torch.Tensor):
-            return self._tensor(value)
-        if isinstance(value, nn.Module):
-            return self.module(value, where)
-        if isinstance(value, list | tuple):  # torch.Size and other tuple types are written as tuples
-            items = [self.literal(v, f"{where}[{i}]") for i, v in enumerate(value)]
-            return f"[{', '.join(items)}]" if isinstance(value, list) else \
-                f"({', '.join(items)}{',' if len(items) == 1 else ''})"
-        if isinstance(value, dict):
-            return "{" + ", ".join(f"{self.literal(k, where)}: {self.literal(v, f'{where}[{k!r}]')}"
-                                   for k, v in value.items()) + "}"
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = [f"{f.name}={self.literal(getattr(value, f.name), f'{where}.{f.name}')}"
-                      for f in dataclasses.fields(value) if f.init]
-            return f"{self.reference(type(value), where)}({', '.join(fields)})"
-        if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy scalars
-            return self.literal(value.item(), where)
-        if inspect.isroutine(value) or isinstance(value, type):
-            return self.reference(value, where)
-        return self._from_attributes(value, where)
-
-    def _from_attributes(self, value: object, where: str) -> str:
-        """A constructor call for an object that keeps each constructor argument as an attribute of that name."""
-        try:
-            parameters = inspect.signature(type(value)).parameters.values()
-        except (TypeError, ValueError):
-            parameters = None
-        if parameters is None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or not hasattr(value, p.name)
-                                     for p in parameters):
-            raise CodegenError(f"{where}: cannot write a {type(value).__name__} value as code")
-        arguments = [f"{p.name}={self.literal(getattr(value, p.name), f'{where}.{p.name}')}" for p in parameters]
-        return f"{self.reference(type(value), where)}({', '.join(arguments)})"
-
-    def _tensor(self, tensor: torch.Tensor) -> str:
-        self._namespace("torch")
-        dtype = "" if tensor.dtype == torch.float32 else f", dtype={tensor.dtype}"
-        if tensor.is_meta or tensor.numel() > LITERAL_MAX_ELEMENTS:
-            fill = "zeros" if tensor.is_meta or not bool(tensor.any()) else "ones"
-            return f"torch.{fill}({_sizes(tensor.shape)}{dtype})"
-        return f"torch.tensor({tensor.tolist()!r}{dtype})"
-
-    # modules ---------------------------------------------------------------------------------------------------
-
-    def module(self, module: nn.Module, where: str) -> str:
-        """A constructor call that rebuilds ``module`` (a class of its own for a GraphModule)."""
-        if isinstance(module, fx.GraphModule):
-            return f"{self.graph_class(module, where)}()"
-        record = self.records.get(module)
-        if record is None:
-            raise CodegenError(f"{where}: no constructor arguments were recorded for this {type(module).__name__} "
-                               "(a module built outside the conversion, or copied)")
-        cls = type(module)
-        try:
-            bound = inspect.signature(cls).bind(*record[0], **record[1])
-        except (TypeError, ValueError) as error:
-            raise CodegenError(f"{where}: cannot match the arguments of {cls.__name__}: {error}") from error
-        positional, keywords = [], []
-        parameters = inspect.signature(cls).parameters
-        var_positional = any(p.kind is p.VAR_POSITIONAL and bound.arguments.get(n) for n, p in parameters.items())
-        for name, value in bound.arguments.items():
-            kind, default = parameters[name].kind, parameters[name].default
-            here = f"{where}({name}=)"
-            if kind is inspect.Parameter.VAR_POSITIONAL:
-                positional += [self.literal(v, here) for v in value]
-            elif kind is inspect.Parameter.VAR_KEYWORD:
-                keywords += [f"{k}={self.literal(v, here)}" for k, v in value.items()]
-            elif kind is inspect.Parameter.POSITIONAL_ONLY or (var_positional and kind is not kind.KEYWORD_ONLY):
-                positional.append(self.literal(value, here))
-            elif not (value is None and default is None):  # what the converter passed, less absent attributes
-                keywords.append(f"{name}={self.literal(value, here)}")
-        return f"{self.reference(cls, where)}({', '.join(positional + keywords)})"
-
-    def graph_class(self, gm: fx.GraphModule, where: str, name: str | None = None) -> str:
-        """Write a class for ``gm`` (its submodules, parameters and buffers, and fx's forward); returns its name."""
-        name = name or _unique(sanitize(re.sub(r"\W+", "_", where)), self.class_names | self.bound.keys())
-        self.class_names.add(name)
-        origin = {n.target: n.meta.get("onnx") for n in gm.graph.nodes if n.op == "call_module"}
-        body = []
-        for child_name, child in gm.named_children():
-            meta = origin.get(child_name)
-            if meta is None:
-                comment = ""
-            elif "replaces" in meta:  # a recognised recurrence
-                comment = f"  # {meta['op_type']}: {len(meta['replaces'])} nodes from {meta['name']!r} on"
-            else:
-                comment = f"  # {meta['op_type']}-{meta['version']}" + (f" node {meta['name']!r}" if meta["name"]
-                                                                         else "")
-            body.append(_wrap(f"self.{child_name} = ", self.module(child, f"{where}.{child_name}"), comment))
-        self._namespace("torch")
-        parameters = parameter_dict(gm)
-        for tensor_name, tensor in [*parameters.items(), *buffer_dict(gm).items()]:
-            if tensor is None:
-                continue
-            dtype = "" if tensor.dtype == torch.float32 else f", dtype={tensor.dtype}"
-            empty = f"torch.empty({_sizes(tensor.shape)}{dtype}, device='meta')"
-            if tensor_name in parameters:
-                frozen = "" if tensor.requires_grad else ", requires_grad=False"
-                body.append(f"self.{tensor_name} = {self._namespace('nn')}.Parameter({empty}{frozen})")
-            else:
-                body.append(f"self.register_buffer({tensor_name!r}, {empty})")
-        code = gm.graph.python_code(root_module="self")
+    def forward_globals(self, code: fx.graph.PythonCode, where: str) -> None:
+        """Bind the globals that fx's forward code ``code`` uses: imports, or assignments after them."""
         used = set(re.findall(r"\b\w+\b", code.src))
         fx_builtins = fx_builtin_imports()
         for global_name, obj in code.globals.items():
@@ -289,39 +115,23 @@ class _Writer:
                 elif statement not in self.assignments:
                     self.assignments.append(statement)
             else:
-                expression = self.reference(obj, f"{where}.forward")
+                expression = self.reference(obj, where)
                 if expression != global_name:
                     self.assignments.append(f"{global_name} = {expression}")
-        init = "\n".join(f"        {line}" for line in "\n".join(body).splitlines()) or "        pass"
-        forward = "\n".join(("    " + line).rstrip() for line in code.src.strip().splitlines())
-        self.classes.append(f"class {name}(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-                            f"{init}\n\n{forward}\n")
-        self._namespace("nn")
-        return name
 
-    def source(self, header: str) -> str:
-        imports = {*self.imports.values(), "import os", "import torch", "from collections.abc import Mapping",
-                   "from pathlib import Path", "from torch import nn"}
-        definitions = "\n\n".join(self.classes)
-        return f'''{header}
+    def _import(self, module_name: str, qualname: str) -> str:
+        top, _, rest = qualname.partition(".")
+        alias = self._bind(top, _resolve(module_name, top), f"from {module_name} import {top}")
+        return alias + (f".{rest}" if rest else "")
 
-from __future__ import annotations
-
-{_format_imports(imports)}
-{"".join(chr(10) + line for line in self.assignments)}
-WEIGHTS = Path(__file__).with_name({WEIGHTS_FILE!r})
-
-
-{definitions}
-
-def load(weights: str | os.PathLike | Mapping[str, torch.Tensor] | None = None) -> Model:
-    """The model with its weights (a path or a state dict; default: {WEIGHTS_FILE} beside this file), in eval mode."""
-    if not isinstance(weights, Mapping):
-        weights = torch.load(WEIGHTS if weights is None else weights, weights_only=True)
-    model = Model()
-    model.load_state_dict(weights, assign=True)  # the saved tensors replace the placeholders, dtypes included
-    return model.eval()
-'''
+    def _bind(self, name: str, obj: object, statement: str) -> str:
+        alias, n = name, 1
+        while (alias in self.bound and self.bound[alias] is not obj) or alias in self.taken:
+            alias, n = f"{name}_{n}", n + 1
+        if alias not in self.bound:
+            self.bound[alias] = obj
+            self.imports[alias] = statement + (f" as {alias}" if alias != name else "")
+        return alias
 
 
 def _format_imports(statements: set[str]) -> str:
@@ -354,6 +164,260 @@ def _resolve(module_name: str, qualname: str) -> object:
         return None
 
 
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 1
+    while candidate in taken:
+        candidate, n = f"{name}_{n}", n + 1
+    return candidate
+
+
+# ----------------------------------------------------------------------------------------------- values
+
+class _Values:
+    """Python source for constructor arguments; modules among them are written by ``module`` (a callback)."""
+
+    def __init__(self, names: _Names, module: Callable[[nn.Module, str], str]):
+        self.names, self.module = names, module
+
+    def literal(self, value: object, where: str) -> str:
+        if value is None or isinstance(value, bool | int | str):
+            return repr(value)
+        if isinstance(value, float):
+            return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
+        if isinstance(value, torch.Tensor | TensorStub):
+            return self._tensor(kept(value))
+        if isinstance(value, enum.Enum):
+            return f"{self.names.reference(type(value), where)}.{value.name}"
+        if isinstance(value, torch.dtype | torch.device):
+            self.names.namespace("torch")
+            return str(value) if isinstance(value, torch.dtype) else f"torch.device({str(value)!r})"
+        if isinstance(value, nn.Module):
+            return self.module(value, where)
+        if isinstance(value, list | tuple):  # torch.Size and other tuple types are written as tuples
+            items = [self.literal(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            return f"[{', '.join(items)}]" if isinstance(value, list) else \
+                f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{self.literal(k, where)}: {self.literal(v, f'{where}[{k!r}]')}"
+                                   for k, v in value.items()) + "}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = [f"{f.name}={self.literal(getattr(value, f.name), f'{where}.{f.name}')}"
+                      for f in dataclasses.fields(value) if f.init]
+            return f"{self.names.reference(type(value), where)}({', '.join(fields)})"
+        if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy scalars
+            return self.literal(value.item(), where)
+        if inspect.isroutine(value) or isinstance(value, type):
+            return self.names.reference(value, where)
+        return self._from_attributes(value, where)
+
+    def _from_attributes(self, value: object, where: str) -> str:
+        """A constructor call for an object that keeps each constructor argument as an attribute of that name."""
+        try:
+            parameters = inspect.signature(type(value)).parameters.values()
+        except (TypeError, ValueError):
+            parameters = None
+        if parameters is None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or not hasattr(value, p.name)
+                                     for p in parameters):
+            raise CodegenError(f"{where}: cannot write a {type(value).__name__} value as code")
+        arguments = [f"{p.name}={self.literal(getattr(value, p.name), f'{where}.{p.name}')}" for p in parameters]
+        return f"{self.names.reference(type(value), where)}({', '.join(arguments)})"
+
+    def _tensor(self, tensor: torch.Tensor | TensorStub) -> str:
+        """A small tensor literally; a large one (a TensorStub by now) as a placeholder of its shape and dtype."""
+        self.names.namespace("torch")
+        dtype = "" if tensor.dtype == torch.float32 else f", dtype={tensor.dtype}"
+        if isinstance(tensor, TensorStub):
+            return f"torch.{'zeros' if tensor.zeros else 'ones'}({_sizes(tensor.shape)}{dtype})"
+        return f"torch.tensor({tensor.tolist()!r}{dtype})"
+
+
+def _sizes(shape: tuple[int, ...]) -> str:
+    return ", ".join(map(str, shape)) or "()"
+
+
+# ----------------------------------------------------------------------------------------------- torch.nn modules
+
+def _same_per_axis(sizes: tuple) -> object:
+    """(3, 3) as 3, as people write a convolution's sizes (torch expands it back)."""
+    return sizes[0] if isinstance(sizes, tuple) and len(set(sizes)) == 1 else sizes
+
+
+def _conv(m: nn.modules.conv._ConvNd) -> dict:
+    arguments = {"in_channels": m.in_channels, "out_channels": m.out_channels,
+                 "kernel_size": _same_per_axis(m.kernel_size), "stride": _same_per_axis(m.stride),
+                 "padding": _same_per_axis(m.padding), "dilation": _same_per_axis(m.dilation), "groups": m.groups,
+                 "bias": m.bias is not None, "padding_mode": m.padding_mode}
+    if m.transposed:
+        arguments["output_padding"] = _same_per_axis(m.output_padding)
+    return arguments
+
+
+def _norm(m: nn.modules.batchnorm._NormBase) -> dict:
+    return {"num_features": m.num_features, "eps": m.eps, "momentum": m.momentum, "affine": m.affine,
+            "track_running_stats": m.track_running_stats}
+
+
+# The torch.nn module types converters create, each with its constructor arguments read from its public attributes.
+# Exact types only: a subclass may take other arguments. Parameters and buffers are not arguments: the code builds
+# them on the meta device and load() assigns the saved ones.
+_TORCH_MODULES: dict[type[nn.Module], Callable[[nn.Module], dict]] = {
+    nn.Linear: lambda m: {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None},
+    **dict.fromkeys((nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
+                    _conv),
+    **dict.fromkeys((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d,
+                     nn.InstanceNorm3d), _norm),
+    nn.LayerNorm: lambda m: {"normalized_shape": m.normalized_shape, "eps": m.eps,
+                             "elementwise_affine": m.elementwise_affine, "bias": m.bias is not None},
+    nn.GroupNorm: lambda m: {"num_groups": m.num_groups, "num_channels": m.num_channels, "eps": m.eps,
+                             "affine": m.affine},
+    nn.PReLU: lambda m: {"num_parameters": m.num_parameters, "init": m.init},
+    nn.Identity: lambda m: {},
+    nn.Sequential: lambda m: {"args": list(m)},
+}
+
+
+def _torch_arguments(module: nn.Module, where: str) -> dict:
+    """The constructor arguments of a torch.nn module of a type in ``_TORCH_MODULES``, with its device and dtype."""
+    describe = _TORCH_MODULES.get(type(module))
+    if describe is None:
+        known = ", ".join(sorted(cls.__name__ for cls in _TORCH_MODULES))
+        raise CodegenError(f"{where}: cannot write a {type(module).__module__}.{type(module).__qualname__}: codegen "
+                           f"writes this library's modules (modules.common.Module keeps their arguments) and these "
+                           f"torch.nn modules: {known}")
+    arguments = describe(module)
+    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+    if tensors:
+        arguments["device"] = "meta"  # placeholders: load() assigns the saved tensors
+        floating = [t.dtype for t in tensors if t.is_floating_point()]
+        if floating and floating[0] != torch.float32:
+            arguments["dtype"] = floating[0]
+    return arguments
+
+
+# ----------------------------------------------------------------------------------------------- modules, classes
+
+class _Writer:
+    """Builds the source of model.py: one class per GraphModule, a constructor call for every other module."""
+
+    def __init__(self):
+        self.names = _Names()
+        self.values = _Values(self.names, self.module)
+        self.classes: list[str] = []  # class definitions, nested bodies first
+
+    def module(self, module: nn.Module, where: str) -> str:
+        """A constructor call that rebuilds ``module`` (a class of its own for a GraphModule)."""
+        if isinstance(module, fx.GraphModule):
+            return f"{self.graph_class(module, where)}()"
+        cls, recorded = type(module), constructor_arguments(module)
+        if recorded is None:
+            return self._call(cls, _torch_arguments(module, where), where, as_built=False)
+        try:
+            bound = inspect.signature(cls).bind(*recorded[0], **recorded[1])
+        except (TypeError, ValueError) as error:
+            raise CodegenError(f"{where}: cannot match the arguments of {cls.__name__}: {error}") from error
+        return self._call(cls, bound.arguments, where, as_built=True)
+
+    def _call(self, cls: type, arguments: Mapping[str, object], where: str, as_built: bool) -> str:
+        """``cls(...)`` with ``arguments`` (parameter name -> value). ``as_built``: as the converter passed them, less
+        None for a None default; otherwise as people write torch modules: required ones positional, defaults left
+        out."""
+        parameters = inspect.signature(cls).parameters
+        unknown = arguments.keys() - parameters.keys()
+        if unknown:
+            raise CodegenError(f"{where}: {cls.__name__} takes no argument {sorted(unknown)}")
+        spread = any(p.kind is p.VAR_POSITIONAL and arguments.get(n) for n, p in parameters.items())
+        positional, keywords = [], []
+        for name, p in parameters.items():
+            if name not in arguments:
+                continue
+            value, here = arguments[name], f"{where}({name}=)"
+            if p.kind is p.VAR_POSITIONAL:
+                positional += [self.values.literal(v, here) for v in value]
+            elif p.kind is p.VAR_KEYWORD:
+                keywords += [f"{k}={self.values.literal(v, here)}" for k, v in value.items()]
+            elif (p.kind is p.POSITIONAL_ONLY or (spread and p.kind is not p.KEYWORD_ONLY)
+                  or (not as_built and p.default is p.empty)):
+                positional.append(self.values.literal(value, here))
+            elif not _is_default(value, p.default, as_built):
+                keywords.append(f"{name}={self.values.literal(value, here)}")
+        return f"{self.names.reference(cls, where)}({', '.join(positional + keywords)})"
+
+    def graph_class(self, gm: fx.GraphModule, where: str, name: str | None = None) -> str:
+        """Write a class for ``gm`` (its submodules, parameters and buffers, and fx's forward); returns its name."""
+        name = self.names.new_class(name or sanitize(re.sub(r"\W+", "_", where)), exact=name is not None)
+        body = self._submodules(gm, where) + self._tensors(gm)
+        code = gm.graph.python_code(root_module="self")
+        self.names.forward_globals(code, f"{where}.forward")
+        init = "\n".join(f"        {line}" for line in "\n".join(body).splitlines()) or "        pass"
+        forward = "\n".join(("    " + line).rstrip() for line in code.src.strip().splitlines())
+        self.classes.append(f"class {name}(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                            f"{init}\n\n{forward}\n")
+        self.names.namespace("nn")
+        return name
+
+    def _submodules(self, gm: fx.GraphModule, where: str) -> list[str]:
+        """``self.child = Constructor(...)`` per child, commented with the ONNX node it came from."""
+        origin = {n.target: n.meta.get("onnx") for n in gm.graph.nodes if n.op == "call_module"}
+        lines = []
+        for child_name, child in gm.named_children():
+            meta = origin.get(child_name)
+            if meta is None:
+                comment = ""
+            elif "replaces" in meta:  # a recognised recurrence
+                comment = f"  # {meta['op_type']}: {len(meta['replaces'])} nodes from {meta['name']!r} on"
+            else:
+                comment = f"  # {meta['op_type']}-{meta['version']}" + (f" node {meta['name']!r}" if meta["name"]
+                                                                         else "")
+            lines.append(_wrap(f"self.{child_name} = ", self.module(child, f"{where}.{child_name}"), comment))
+        return lines
+
+    def _tensors(self, gm: fx.GraphModule) -> list[str]:
+        """The GraphModule's own parameters and buffers, as meta placeholders of their shapes and dtypes."""
+        self.names.namespace("torch")
+        lines, parameters = [], parameter_dict(gm)
+        for tensor_name, tensor in [*parameters.items(), *buffer_dict(gm).items()]:
+            if tensor is None:
+                continue
+            dtype = "" if tensor.dtype == torch.float32 else f", dtype={tensor.dtype}"
+            empty = f"torch.empty({_sizes(tensor.shape)}{dtype}, device='meta')"
+            if tensor_name in parameters:
+                frozen = "" if tensor.requires_grad else ", requires_grad=False"
+                lines.append(f"self.{tensor_name} = {self.names.namespace('nn')}.Parameter({empty}{frozen})")
+            else:
+                lines.append(f"self.register_buffer({tensor_name!r}, {empty})")
+        return lines
+
+    def source(self, header: str) -> str:
+        imports = {*self.names.imports.values(), "import os", "import torch", "from collections.abc import Mapping",
+                   "from pathlib import Path", "from torch import nn"}
+        definitions = "\n\n".join(self.classes)
+        return f'''{header}
+
+from __future__ import annotations
+
+{_format_imports(imports)}
+{"".join(chr(10) + line for line in self.names.assignments)}
+WEIGHTS = Path(__file__).with_name({WEIGHTS_FILE!r})
+
+
+{definitions}
+
+def load(weights: str | os.PathLike | Mapping[str, torch.Tensor] | None = None) -> Model:
+    """The model with its weights (a path or a state dict; default: {WEIGHTS_FILE} beside this file), in eval mode."""
+    if not isinstance(weights, Mapping):
+        weights = torch.load(WEIGHTS if weights is None else weights, weights_only=True)
+    model = Model()
+    model.load_state_dict(weights, assign=True)  # the saved tensors replace the placeholders, dtypes included
+    return model.eval()
+'''
+
+
+def _is_default(value: object, default: object, as_built: bool) -> bool:
+    if as_built:  # the converter's arguments are kept as passed: they are the ONNX attributes
+        return value is None and default is None
+    return value is default or (type(value) is type(default) and value == default)
+
+
 def _wrap(target: str, call: str, comment: str, width: int = 112) -> str:
     """``target + call + comment``, with one argument per line when that is too long for one line."""
     if len(target) + len(call) + len(comment) <= width:
@@ -364,22 +428,11 @@ def _wrap(target: str, call: str, comment: str, width: int = 112) -> str:
     return f"{target}{callee}({comment}\n" + "".join(f"    {a},\n" for a in arguments) + ")"
 
 
-def _sizes(shape: torch.Size) -> str:
-    return ", ".join(map(str, shape)) or "()"
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, n = name, 1
-    while candidate in taken:
-        candidate, n = f"{name}_{n}", n + 1
-    return candidate
-
-
-def generate(module: fx.GraphModule, records: Mapping[nn.Module, tuple[tuple, dict]], origin: str = "") -> str:
-    """The source of model.py for a module converted while ``_recording``."""
+def generate(module: fx.GraphModule, origin: str = "") -> str:
+    """The source of model.py for a converted module (``origin``: the ONNX file's name, for the header)."""
     from . import __version__
 
-    writer = _Writer(records)
+    writer = _Writer()
     writer.graph_class(module, "Model", name="Model")
     header = f'''"""PyTorch code generated by onnx2torch-rnn {__version__}{f" from {origin}" if origin else ""}.
 
@@ -392,22 +445,11 @@ Submodules come from onnx2torch_rnn.modules (constructor arguments are the ONNX 
 
 # ----------------------------------------------------------------------------------------------- files
 
-def convert_recording(model: ModelSource | LoadedModel, progress: Callable[[int, int], None] | None = None,
-                      dequantize: bool = False, fuse: bool = True):
-    """Convert ``model``, recording module constructor arguments: (GraphModule, records) for ``generate``. A
-    LoadedModel is converted as it was loaded (``load_model(..., dequantize=True)`` dequantizes it)."""
-    if isinstance(model, LoadedModel) and dequantize:
-        raise ValueError("a LoadedModel is dequantized when it is loaded: load_model(..., dequantize=True)")
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, dequantize=dequantize)
-    with _recording() as records:
-        module = build(loaded, progress, fuse=fuse)
-    return module, records
-
-
 def write(model: ModelSource | LoadedModel, outdir: str | os.PathLike, *, force: bool = False,
           progress: Callable[[int, int], None] | None = None, dequantize: bool = False,
           fuse: bool = True) -> fx.GraphModule:
-    """Convert ``model`` and write OUTDIR/model.py and OUTDIR/weights.pt; returns the converted module.
+    """Convert ``model`` and write OUTDIR/model.py and OUTDIR/weights.pt; returns the converted module. A
+    LoadedModel is converted as it was loaded (``load_model(..., dequantize=True)`` dequantizes it).
 
     An existing non-empty OUTDIR needs ``force`` (OutputExistsError without; with it, only the files written here
     are replaced). The written code is loaded back and checked against the converted module (CodegenError when it
@@ -416,9 +458,12 @@ def write(model: ModelSource | LoadedModel, outdir: str | os.PathLike, *, force:
     outdir = Path(outdir)
     if outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())) and not force:
         raise OutputExistsError(outdir)
-    module, records = convert_recording(model, progress, dequantize, fuse)
+    if isinstance(model, LoadedModel) and dequantize:
+        raise ValueError("a LoadedModel is dequantized when it is loaded: load_model(..., dequantize=True)")
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, dequantize=dequantize)
+    module = build(loaded, progress, fuse=fuse)
     origin = model.source if isinstance(model, LoadedModel) else model
-    source = generate(module, records, Path(origin).name if isinstance(origin, str | os.PathLike) else "")
+    source = generate(module, Path(origin).name if isinstance(origin, str | os.PathLike) else "")
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / PROGRAM_FILE).unlink(missing_ok=True)  # a program from an earlier run would not match
     (outdir / CODE_FILE).write_text(source)

@@ -1,9 +1,16 @@
 """codegen.py: converted models as standalone code (model.py + weights.pt) that reproduces the converted module."""
 
+import ast
+import concurrent.futures
+import copy
+import importlib
+import pkgutil
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
@@ -11,7 +18,7 @@ from torch import nn
 
 import onnx2torch_rnn
 from onnx2torch_rnn import Converted, codegen
-from onnx2torch_rnn.modules.common import Function
+from onnx2torch_rnn.modules.common import Function, Module, TensorStub, constructor_arguments
 from tests.helpers import cnn, make_model
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx"
@@ -136,16 +143,175 @@ def test_a_module_the_code_cannot_name_is_an_error(tmp_path, registry):
         codegen.write(cnn(), tmp_path)
 
 
-def test_recording_restores_every_constructor():
-    before = {cls: vars(cls)["__init__"] for cls in codegen._module_classes() if "__init__" in vars(cls)}
-    model = make_model([helper.make_node("Mystery", ["x"], ["y"], domain="test.custom")], [("x", np.float32, [2])],
-                       [("y", np.float32, [2])], extra_opsets={"test.custom": 1})
-    with pytest.raises(onnx2torch_rnn.UnsupportedOperatorError):
-        codegen.convert_recording(model)
-    codegen.convert_recording(cnn())
-    after = {cls: vars(cls)["__init__"] for cls in codegen._module_classes() if "__init__" in vars(cls)}
-    assert all(after[cls] is init for cls, init in before.items())
-    assert nn.Linear.__init__.__name__ == "__init__" and not hasattr(nn.Linear.__init__, "__wrapped__")
+def _module_init_methods() -> dict[type, object]:
+    """Every nn.Module class loaded in this process -> its own ``__init__`` (None where it inherits one)."""
+    found, pending = {}, [nn.Module]
+    while pending:
+        cls = pending.pop()
+        found[cls] = vars(cls).get("__init__")
+        pending += cls.__subclasses__()
+    return found
+
+
+def test_conversion_patches_nothing(tmp_path, registry):
+    """Codegen reads what modules keep; no class is changed before, during or after a conversion."""
+    linear_init, before, during = nn.Linear.__init__, _module_init_methods(), []
+
+    @registry("Look", 1, domain="test.custom")
+    def look(node, ctx):
+        during.append((nn.Linear.__init__, _module_init_methods()))
+        return Converted(Function(torch.neg), node.inputs)
+
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"], transB=1), helper.make_node("Look", ["g"], ["y"],
+                                                                                    domain="test.custom")]
+    model = make_model(nodes, [("x", np.float32, [2, 3])], [("y", np.float32, [2, 4])],
+                       {"w": RNG.standard_normal((4, 3)).astype(np.float32)}, extra_opsets={"test.custom": 1})
+    _, _, source = roundtrip(model, tmp_path, torch.randn(2, 3))
+    assert "nn.Linear(3, 4, bias=False, device='meta')" in source and "Function(fn=torch.neg)" in source
+    ((linear_during, init_during),) = during
+    assert linear_init is linear_during is nn.Linear.__init__ and not hasattr(nn.Linear.__init__, "__wrapped__")
+    after = _module_init_methods()  # classes made since (GraphModule's per-instance ones, Model) are new ones
+    assert all(init_during[cls] is init and after[cls] is init for cls, init in before.items())
+
+
+def test_conversions_in_two_threads_at_once(tmp_path, registry):
+    """Both conversions wait for each other in the middle of their build: neither holds a lock the other needs,
+    and each writes code that reproduces its own module."""
+    meeting = threading.Barrier(2, timeout=60)
+
+    @registry("Meet", 1, domain="test.custom")
+    def meet(node, ctx):
+        meeting.wait()
+        return Converted(Function(torch.neg), node.inputs)
+
+    def with_meeting(model, output, shape):
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        model.graph.node.append(helper.make_node("Meet", [output], ["met"], domain="test.custom"))
+        model.graph.output.append(helper.make_tensor_value_info("met", TensorProto.FLOAT, shape))
+        model.opset_import.append(helper.make_opsetid("test.custom", 1))
+        return model
+
+    jobs = {"cnn": (with_meeting(cnn(), "y", ["batch", 10]), torch.randn(2, 3, 8, 8)),
+            "lstm": (with_meeting(lstm("zeros"), "Y_h", [2, 2, 3]), torch.randn(5, 2, 2))}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(roundtrip, model, tmp_path / name, x) for name, (model, x) in jobs.items()}
+        sources = {name: future.result()[2] for name, future in futures.items()}
+    assert "nn.Conv2d(3, 4, 3, padding=1, device='meta')" in sources["cnn"] and "OnnxLSTM(" not in sources["cnn"]
+    assert "OnnxLSTM(" in sources["lstm"] and "nn.Conv2d" not in sources["lstm"]
+
+
+def test_modules_keep_their_arguments_outside_codegen():
+    """Every module of the library keeps its constructor arguments, large tensors as stubs (the module holds its
+    weights itself): code can be written for a module converted with convert(), or a copy of one."""
+    module = onnx2torch_rnn.convert(lstm("random"))
+    args, kwargs = constructor_arguments(module.lstm)
+    assert args == () and kwargs["hidden_size"] == 3 and kwargs["direction"] == "bidirectional"
+    assert kwargs["W"] == TensorStub((2, 12, 2), torch.float32, zeros=False)
+    assert codegen.generate(copy.deepcopy(module)) == codegen.generate(module)
+    small = torch.arange(6.0)
+    function = Function(torch.add, other=small[:2])
+    assert torch.equal(constructor_arguments(function)[1]["other"], small[:2])
+    assert constructor_arguments(function)[1]["other"]._base is None  # a copy: a view would keep ``small`` alive
+
+
+def test_every_module_class_of_the_library_keeps_its_arguments():
+    for info in pkgutil.walk_packages(onnx2torch_rnn.__path__, "onnx2torch_rnn."):
+        importlib.import_module(info.name)
+    ours = [cls for cls in _module_init_methods() if cls.__module__.startswith("onnx2torch_rnn.")]
+    assert len(ours) > 80
+    missing = [cls.__qualname__ for cls in ours if not issubclass(cls, Module) and cls.__module__ not in
+               ("onnx2torch_rnn.onnx_export",)]  # the export wrapper is never part of a converted model
+    assert missing == []
+
+
+def test_converters_create_only_torch_modules_that_codegen_writes():
+    """Every torch.nn module class named in converters/, passes/ and the builder is one codegen knows."""
+    package = Path(onnx2torch_rnn.__file__).parent
+    named = set()
+    for path in [*package.glob("converters/*.py"), *package.glob("passes/*.py"), package / "builder.py",
+                 package / "dequantize.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nn":
+                cls = getattr(nn, node.attr, None)
+                if isinstance(cls, type) and issubclass(cls, nn.Module) and cls is not nn.Module:
+                    named.add(cls)
+    assert nn.Linear in named and nn.PReLU in named and nn.Conv3d in named
+    assert named <= codegen._TORCH_MODULES.keys(), named - codegen._TORCH_MODULES.keys()
+
+
+def _node(op, x_shape, weights, opset=17, **attributes):
+    """One ``op`` node over input x and constant ``weights``; y has x's type (and shape, where that is declared)."""
+    node = helper.make_node(op, ["x", *weights], ["y"], **attributes)
+    output = ("y", np.float32, list(x_shape)) if op.endswith("Normalization") else "y"
+    return make_model([node], [("x", np.float32, list(x_shape))], [output], weights, opset)
+
+
+def _rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _stats(channels):
+    return {"s": _rand(channels), "b": _rand(channels), "m": _rand(channels), "v": np.abs(_rand(channels)) + 0.5}
+
+
+# name -> (the torch.nn types its conversion holds, the model's input shape, the model)
+TORCH_CASES = {
+    "Gemm": ({nn.Linear}, (2, 4), lambda x: _node("Gemm", x, {"w": _rand(3, 4), "b": _rand(3)}, transB=1)),
+    "Conv1d": ({nn.Conv1d}, (1, 2, 7), lambda x: _node("Conv", x, {"w": _rand(3, 2, 3), "b": _rand(3)}, pads=[1, 1])),
+    "Conv2d per axis": ({nn.Conv2d}, (1, 2, 7, 6),
+                        lambda x: _node("Conv", x, {"w": _rand(4, 2, 3, 2)}, strides=[2, 1], dilations=[1, 2])),
+    "Conv2d asymmetric pads": ({nn.Sequential, nn.Conv2d}, (1, 2, 5, 5),
+                               lambda x: _node("Conv", x, {"w": _rand(4, 2, 3, 3)}, pads=[0, 1, 1, 0])),
+    "Conv3d groups": ({nn.Conv3d}, (1, 4, 4, 4, 4),
+                      lambda x: _node("Conv", x, {"w": _rand(2, 2, 2, 2, 2), "b": _rand(2)}, group=2)),
+    "ConvTranspose1d": ({nn.ConvTranspose1d}, (1, 2, 5),
+                        lambda x: _node("ConvTranspose", x, {"w": _rand(2, 3, 3), "b": _rand(3)}, strides=[2])),
+    "ConvTranspose2d crop": ({nn.Sequential, nn.ConvTranspose2d}, (1, 2, 4, 4),
+                             lambda x: _node("ConvTranspose", x, {"w": _rand(2, 2, 3, 3)}, strides=[2, 2],
+                                             pads=[0, 1, 1, 0])),
+    "ConvTranspose3d": ({nn.ConvTranspose3d}, (1, 2, 3, 3, 3),
+                        lambda x: _node("ConvTranspose", x, {"w": _rand(2, 2, 2, 2, 2)}, strides=[2, 2, 2],
+                                        output_padding=[1, 1, 1])),
+    "BatchNorm1d rank 2": ({nn.BatchNorm1d}, (4, 3), lambda x: _node("BatchNormalization", x, _stats(3))),
+    "BatchNorm1d rank 3": ({nn.BatchNorm1d}, (2, 3, 5), lambda x: _node("BatchNormalization", x, _stats(3))),
+    "BatchNorm2d": ({nn.BatchNorm2d}, (2, 3, 4, 4), lambda x: _node("BatchNormalization", x, _stats(3), momentum=0.5)),
+    "BatchNorm3d": ({nn.BatchNorm3d}, (1, 3, 2, 2, 2), lambda x: _node("BatchNormalization", x, _stats(3))),
+    "InstanceNorm1d": ({nn.InstanceNorm1d}, (2, 3, 5),
+                       lambda x: _node("InstanceNormalization", x, {"s": _rand(3), "b": _rand(3)}, epsilon=0.01)),
+    "InstanceNorm2d": ({nn.InstanceNorm2d}, (2, 3, 5, 4),
+                       lambda x: _node("InstanceNormalization", x, {"s": _rand(3), "b": _rand(3)})),
+    "InstanceNorm3d": ({nn.InstanceNorm3d}, (2, 3, 3, 3, 2),
+                       lambda x: _node("InstanceNormalization", x, {"s": _rand(3), "b": _rand(3)})),
+    "LayerNorm": ({nn.LayerNorm}, (2, 3, 4),
+                  lambda x: _node("LayerNormalization", x, {"s": _rand(3, 4), "b": _rand(3, 4)}, axis=1)),
+    "LayerNorm without bias": ({nn.LayerNorm}, (2, 3, 4), lambda x: _node("LayerNormalization", x, {"s": _rand(4)})),
+    "GroupNorm": ({nn.GroupNorm}, (2, 4, 3),
+                  lambda x: _node("GroupNormalization", x, {"s": _rand(4), "b": _rand(4)}, opset=21, num_groups=2)),
+    "PReLU": ({nn.PReLU}, (2, 3, 4, 4), lambda x: _node("PRelu", x, {"slope": _rand(3, 1, 1)})),
+    "Identity": ({nn.Identity}, (2, 3), lambda x: _node("Identity", x, {})),
+}
+
+
+@pytest.mark.parametrize("case", TORCH_CASES)
+def test_torch_modules_round_trip(tmp_path, case):
+    types, shape, model = TORCH_CASES[case]
+    converted, rebuilt, source = roundtrip(model(shape), tmp_path, torch.randn(shape))
+    assert {type(m) for m in converted.modules() if type(m).__module__.startswith("torch.nn.")} == types
+    assert all(f"nn.{cls.__name__}(" in source for cls in types)
+    assert {type(m) for m in rebuilt.modules() if type(m).__module__.startswith("torch.nn.")} == types
+
+
+def test_torch_round_trips_cover_every_type_codegen_writes():
+    covered = set().union(*(types for types, _, _ in TORCH_CASES.values()))
+    assert covered == codegen._TORCH_MODULES.keys()
+
+
+def test_a_torch_module_codegen_does_not_know_is_an_error(tmp_path, registry):
+    registry("Relu", 14, replace=True)(lambda node, ctx: Converted(nn.ReLU(), node.inputs))
+    with pytest.raises(codegen.CodegenError, match=r"Model\.relu: cannot write a torch\.nn\.modules\.activation\.ReLU: "
+                                                   r"codegen writes this library's modules .* torch\.nn modules: "
+                                                   r"BatchNorm1d, .*Linear"):
+        codegen.write(cnn(), tmp_path)
 
 
 def test_verify_names_what_differs():
