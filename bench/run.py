@@ -205,7 +205,10 @@ def model_cases() -> list[Case]:
                         exported / "ts_packed_lstm_l2_unsorted_op19.onnx", {"batch": 4, "time": 16})]
     keras = ROOT / "tests" / "models" / "keras"
     cases += [file_case(f"Keras {path.stem} T64 B8", path, {"0": 8, "1": 64})
-              for path in (keras / "tf_keras_stacked.onnx", keras / "keras3_bi_lstm_concat.onnx")]
+              for path in (keras / "tf_keras_stacked.onnx", keras / "keras3_bi_lstm_concat.onnx",
+                           # tf2onnx's Loops of one cell step (masking, GRU reset_after=False, SimpleRNN)
+                           keras / "tf_keras_masking_gru.onnx", keras / "keras3_gru_reset_before.onnx",
+                           keras / "keras3_simple_rnn.onnx")]
     return [c for c in cases if c is not None]
 
 
