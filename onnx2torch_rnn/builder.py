@@ -96,8 +96,9 @@ class ConversionContext:
         if plan is None:  # a body's plan counts uses of the whole model: its parent's
             plan = make_plan(graph, self.opsets, uses=None if parent is None else parent.plan.uses)
         self.plan = plan
-        # shape arithmetic of the main graph, traced once per value for this conversion (bodies keep the tensor path)
-        self._shapes = ShapeArithmetic(self) if parent is None else None
+        # shape arithmetic, traced once per value: a body's too, so that a loop compiled as torch.while_loop computes
+        # its sizes from symbolic shapes (tensors would give unbacked sizes, which a carried value cannot change)
+        self._shapes = ShapeArithmetic(self)
 
     def assume_declared_dims(self, name: str) -> None:
         """A derived constant relies on the static dims graph input ``name`` declares: the module checks them."""
@@ -119,12 +120,12 @@ class ConversionContext:
 
     def shape_expression(self, name: str) -> ShapeExpr | None:
         """The run-time value ``name`` as integer arithmetic on tensor shapes and constants, or None."""
-        return None if self._shapes is None else self._shapes.expression(name)
+        return self._shapes.expression(name)
 
     def _derived(self, name: str) -> torch.Tensor | None:
         """A run-time value that conversion can nonetheless know: shape arithmetic on the static dims that graph
-        inputs declare (shape_arithmetic.py)."""
-        if self._shapes is None or name in self._underivable:
+        inputs declare (shape_arithmetic.py); in the main graph only, whose module checks those dims."""
+        if self.parent is not None or name in self._underivable:
             return None
         self._underivable.add(name)  # also while deriving: the derivation may ask about the value itself
         value = self._shapes.derive(name)

@@ -8,7 +8,7 @@ tensor round trip. Anything outside this small integer language keeps the tensor
 
 The producers are read as converters read them (``OnnxNode``: schema defaults, and a node with an attribute the
 tracing does not read is not traced); the ops' meaning is modules/shape.py's ``SHAPE_OPS``. One ``ShapeArithmetic``
-per conversion, owned by the main graph's ConversionContext, holds the memo.
+per graph, owned by its ConversionContext, holds the memo.
 """
 
 from __future__ import annotations
@@ -164,7 +164,8 @@ _EXPRESSIONS: dict[str, Callable] = {
 
 
 class ShapeArithmetic:
-    """Traces values of one conversion's main graph back to tensor shapes; each value is traced once."""
+    """Traces values of one graph (the main graph or a body: outer values are leaves) back to tensor shapes; each
+    value is traced once."""
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -174,7 +175,7 @@ class ShapeArithmetic:
     def expression(self, name: str) -> m.ShapeExpr | None:
         """The run-time value ``name`` as integer arithmetic on tensor shapes and constants, or None."""
         if self._producers is None:
-            self._producers = {o: node for node in self.ctx.loaded.proto.graph.node for o in node.output if o}
+            self._producers = {o: node for node in self.ctx.plan.graph.node for o in node.output if o}
         try:
             expr = self._build(name)
         except _NotShape:

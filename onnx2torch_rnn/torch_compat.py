@@ -13,12 +13,27 @@ fallbacks keep the package working, more slowly or less completely, if a release
 - ``torch.fx.graph._custom_builtins``: the globals fx-generated code uses without importing (``inf``, ``nan``,
   ``NoneType``, ``torch``, ``device``, the pytree modules) and the statement that defines each (torch >= 1.8).
   Fallback: that table as torch 2.13 has it.
+- ``torch.while_loop`` (public since 2.13, a prototype; before that ``torch._higher_order_ops.while_loop``): the
+  structured loop that Loop and Scan become while compiling or exporting. Fallback: none (None), and those modules
+  then say that this torch cannot compile them in one graph.
+- ``torch.fx.experimental.proxy_tensor.disable_proxy_modes_tracing``: runs a function on torch.export's fake tensors
+  without recording it, to learn the shapes of a loop body's outputs before the loop (torch >= 2.0). Fallback: run
+  it recorded (the result is unused but for its shape, so it only costs one body evaluation, unless dead code
+  elimination drops it).
+- ``torch.fx.experimental.symbolic_shapes.guard_or_false``: whether a traced size is 0 without failing on a size
+  that tracing cannot know (a compiled loop's iteration count): then not 0, checked at run time (torch >= 2.7).
+  Fallback: ``size == 0``, which fails on such sizes as torch did before.
+- ``torch._dynamo.graph_break(msg=...)``: where a control-flow node has no structured form, compiling breaks the
+  graph there with the reason (fullgraph=True turns it into an error that shows it). Fallback: no break is forced;
+  Dynamo then stops at the first data-dependent value of the Python path, with its own message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
 
+import torch
 from torch import Tensor, fx, nn
 
 
@@ -85,3 +100,59 @@ def fx_builtin_imports() -> dict[str, str]:
     if builtins is None:
         return dict(_FX_BUILTINS_FALLBACK)
     return {name: builtin.import_str for name, builtin in builtins.items()}
+
+
+def _find_while_loop() -> Callable | None:
+    public = getattr(torch, "while_loop", None)
+    if public is not None:
+        return public
+    try:
+        from torch._higher_order_ops.while_loop import while_loop
+    except ImportError:
+        return None
+    return while_loop
+
+
+while_loop = _find_while_loop()
+
+
+def _untraced() -> contextlib.AbstractContextManager:
+    try:
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    except ImportError:
+        return contextlib.nullcontext()
+    return disable_proxy_modes_tracing()
+
+
+def metadata_only(fn: Callable, *args):
+    """``fn(*args)`` for the shapes and dtypes of its outputs: outside Dynamo (non-strict torch.export), on the fake
+    tensors without recording it in the exported graph; under Dynamo it is traced, and AOTAutograd and Inductor drop
+    it as dead code."""
+    if torch.compiler.is_dynamo_compiling():
+        return fn(*args)
+    with _untraced():
+        return fn(*args)
+
+
+def graph_break(message: str) -> None:
+    """Under Dynamo, break the graph here, with ``message`` as the reason."""
+    try:
+        from torch._dynamo import graph_break as force
+    except ImportError:
+        return
+    force(msg=message)
+
+
+def is_zero(size) -> bool:
+    """``size == 0``; for a traced size whose value is unknown while tracing (unbacked), False, and the traced
+    program checks at run time that it is not 0."""
+    if isinstance(size, int):
+        return size == 0
+    try:
+        from torch.fx.experimental.symbolic_shapes import guard_or_false
+    except ImportError:
+        return size == 0
+    if guard_or_false(size == 0):
+        return True
+    torch._check(size != 0)
+    return False

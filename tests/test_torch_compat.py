@@ -1,5 +1,6 @@
 """torch_compat.py: each private torch API agrees with its public fallback, and the package works on the fallbacks."""
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -45,3 +46,32 @@ def test_codegen_writes_the_same_code_on_the_fallbacks(tmp_path, monkeypatch):
     assert (tmp_path / "public" / "model.py").read_text() == (tmp_path / "private" / "model.py").read_text()
     assert torch.equal(torch.load(tmp_path / "public" / "weights.pt")["conv.weight"],
                        torch.load(tmp_path / "private" / "weights.pt")["conv.weight"])
+
+
+def test_without_while_loop_a_loop_says_why_it_cannot_compile(monkeypatch):
+    from tests.converters.test_control_flow import _loop_model
+
+    model = _loop_model(17, "M", "")
+    args = (torch.randn(6, 2, 3) * 0.3, torch.randn(2, 3) * 0.3, torch.tensor(4))
+    module = onnx2torch_rnn.convert(model)
+    expected = module(*args)
+    monkeypatch.setattr(torch_compat, "while_loop", None)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=re.escape(f"Loop cannot be compiled in one graph: torch {torch.__version__}")):
+        torch.compile(module, fullgraph=True, backend="eager")(*args)
+    for want, got in zip(expected, onnx2torch_rnn.convert(model)(*args), strict=True):  # eager needs none of it
+        assert torch.equal(want, got)
+
+
+def test_is_zero_reads_sizes_tracing_cannot_know():
+    """A size read from a value (unbacked) is taken as not 0, and the exported program checks that at run time."""
+    class Sized(nn.Module):
+        def forward(self, n):
+            size = n.item()
+            return torch.zeros(5 if torch_compat.is_zero(size) else size)
+
+    program = torch.export.export(Sized(), (torch.tensor(2),)).module()
+    assert program(torch.tensor(3)).shape == (3,)
+    with pytest.raises(Exception, match="Ne"):
+        program(torch.tensor(0))
+    assert torch_compat.is_zero(0) and not torch_compat.is_zero(3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import onnx
+
 from ..modules.control_flow import If, Loop, Scan, Scan8
 from ..node import Converted, OnnxNode
 from ..registry import register_converter
@@ -12,13 +14,30 @@ _LATER = (11, 13, 16, 19, 21, 23, 24, 25)  # versions since 11 differ only in th
 @register_converter("If", (1, *_LATER))
 def if_(node: OnnxNode, ctx) -> Converted:
     """Runs the branch the condition selects; branches may read any outer value and return tensors, sequences
-    (tuples) or optionals (None when empty). Data-dependent: torch.compile breaks the graph here."""
-    then_branch = ctx.subgraph(node.attr("then_branch"))
-    else_branch = ctx.subgraph(node.attr("else_branch"))
+    (tuples) or optionals (None when empty). Compiled or exported: torch.cond, when the branches return tensors of
+    the same dtypes and ranks."""
+    then_proto, else_proto = node.attr("then_branch"), node.attr("else_branch")
+    then_branch, else_branch = ctx.subgraph(then_proto), ctx.subgraph(else_proto)
     captured = list(dict.fromkeys(then_branch.captured + else_branch.captured))
     module = If(then_branch.module, else_branch.module, [captured.index(n) for n in then_branch.captured],
-                [captured.index(n) for n in else_branch.captured], len(node.outputs))
+                [captured.index(n) for n in else_branch.captured], len(node.outputs),
+                _branch_mismatch(ctx, then_proto, else_proto))
     return Converted(module, [node.input(0), *captured])
+
+
+def _branch_mismatch(ctx, then_proto: onnx.GraphProto, else_proto: onnx.GraphProto) -> str | None:
+    """Why the branches' outputs cannot be one torch.cond (from their static types), or None if they may be."""
+    for k, (a, b) in enumerate(zip(then_proto.output, else_proto.output, strict=True)):
+        types = [ctx.loaded.types.get(o.name) or o.type for o in (a, b)]
+        if any(t.WhichOneof("value") not in (None, "tensor_type") for t in types):
+            return f"output {k} is a sequence or optional value, and torch.cond returns tensors only"
+        dtypes, shapes = [ctx.dtype(o.name) for o in (a, b)], [ctx.shape(o.name) for o in (a, b)]
+        if None not in dtypes and dtypes[0] != dtypes[1]:
+            return f"output {k} is {dtypes[0]} in then_branch and {dtypes[1]} in else_branch"
+        if None not in shapes and len(shapes[0]) != len(shapes[1]):
+            return (f"output {k} has rank {len(shapes[0])} in then_branch and {len(shapes[1])} in else_branch, and "
+                    "torch.cond needs both branches to return tensors of the same dtypes and ranks")
+    return None
 
 
 @register_converter("Loop", (1, *_LATER))
@@ -34,8 +53,37 @@ def loop(node: OnnxNode, ctx) -> Converted:
     scan_outputs = [o.name for o in body_proto.output[1 + len(carried):]]
     empty = [((0, *(d if isinstance(d, int) else 0 for d in ctx.shape(name) or ())), ctx.dtype(name))
              for name in scan_outputs]
-    module = Loop(body.module, len(carried), len(scan_outputs), len(node.outputs), empty)
+    module = Loop(body.module, len(carried), len(scan_outputs), len(node.outputs), empty,
+                  _cond_state(body_proto, len(carried)))
     return Converted(module, [node.input(0), node.input(1), *carried, *body.captured])
+
+
+def _cond_state(body: onnx.GraphProto, num_carried: int) -> list[int]:
+    """The carried values (positions) that the body's cond output depends on, directly or through other carried
+    values: all that a compiled Loop needs to count its iterations."""
+    from ..builder import _reads as reads  # the builder owns what a node reads (subgraph captures included)
+
+    producer = {name: n for n in body.node for name in n.output}
+    carried_in = [i.name for i in body.input[2 : 2 + num_carried]]
+
+    def sources(name: str) -> set[str]:  # the values without a producer in the body that ``name`` is computed from
+        seen, pending = set(), [name]
+        while pending:
+            value = pending.pop()
+            if value not in seen:
+                seen.add(value)
+                pending.extend(reads(producer[value]) if value in producer else ())
+        return {value for value in seen if value not in producer}
+
+    kept: set[int] = set()
+    pending = [body.output[0].name]
+    while pending:
+        found = sources(pending.pop())
+        for k, name in enumerate(carried_in):
+            if name in found and k not in kept:
+                kept.add(k)
+                pending.append(body.output[1 + k].name)
+    return sorted(kept)
 
 
 def _scan(node: OnnxNode, ctx, num_state: int, directions_attribute: str) -> tuple[Scan, list[str]]:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from .. import torch_compat
 from . import elementwise as ew
 from .common import Module, attributes_repr, ceil_div, trunc_div
 
@@ -85,7 +86,7 @@ class Reshape(_Attributes):
     def forward(self, data, shape=None):
         shape = ints(self.shape, shape)
         if not self.allowzero:  # 0 copies the input's dimension; -1 is left for torch to infer
-            shape = [data.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+            shape = [data.shape[i] if torch_compat.is_zero(s) else s for i, s in enumerate(shape)]
         return data.reshape(shape)
 
 
@@ -219,6 +220,8 @@ class Gather(_Attributes):
         axis = self.axis % data.dim()
         if indices is None:
             return data.select(axis, self.index)
+        if indices.dim() == 0:  # as index_select: indexing would read the index as a Python int (no while_loop body)
+            return data.index_select(axis, wrap(indices, data.shape[axis]).reshape(1)).squeeze(axis)
         # Advanced indexing with one index tensor is exactly Gather, negative indices included.
         return data[(slice(None),) * axis + (indices.long(),)]
 
