@@ -41,18 +41,12 @@ pytestmark = [pytest.mark.compile,  # and torch.onnx's own deprecation warnings:
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")]
 
 # model -> why to_onnx refuses it (a regex on the error); the error must name the node
-LOOP = r"^Loop node '[^']+': torch.export cannot trace the module"  # until Loop exports as torch's while_loop
-SCAN = r"^Scan node '[^']+': its module pins dim 1 \('unk__\d+'\) of input 'x:0'"  # a Python loop over time
-# a recognised Keras layer with a mask: ONNX's LSTM/GRU have no per-step mask
+# a recognised Keras layer with a mask: ONNX's LSTM/GRU have no per-step mask (the custom-cell Loops and the TF1
+# Scans export as torch's while_loop and take the whole trip)
 MASKED = r"^(LSTM|GRU) loop node '[^']+': torch.onnx cannot translate .*: a masked (LSTM|GRU) has no ONNX"
-KERAS_LOOPS = ["keras3_custom_cell", "tf_keras_custom_cell"]  # the other Keras Loops are recognised cells
 KERAS_MASKED = ["keras3_embedding_mask_lstm", "keras3_masking_gru", "keras3_tagger", "tf_keras_embedding_mask_lstm",
                 "tf_keras_masking_gru", "tf_keras_tagger"]
-TF1_SCANS = ["tf_v1_lstm_peepholes", "tf_v1_lstm_cell_clip", "tf_v1_lstm_projection", "tf_v1_gru_cell",
-             "tf_v1_basic_rnn_cell", "tf_v1_bi_gru_cell", "tf_v1_lstm_sequence_length", "tf_v1_multi_cell"]
-EXPECTED_REFUSALS = {**{f"keras/{name}.onnx": LOOP for name in KERAS_LOOPS},
-                     **{f"keras/{name}.onnx": MASKED for name in KERAS_MASKED},
-                     **{f"keras/{name}.onnx": SCAN for name in TF1_SCANS}}
+EXPECTED_REFUSALS = {f"keras/{name}.onnx": MASKED for name in KERAS_MASKED}
 
 def _cases() -> list:
     cases = []

@@ -46,7 +46,9 @@ def loop(node: OnnxNode, ctx) -> Converted:
     on a new first axis); the body may read outer values, and gradients flow through every iteration. A loop that
     runs zero iterations returns its initial values and, as onnxruntime, empty scan outputs of shape
     [0, *static shape of the body output] with 0 for unknown dims ([0] when even the rank is unknown). Carried
-    values may be sequences (tuples) or optionals (None when empty); scan outputs are tensors."""
+    values may be sequences (tuples) or optionals (None when empty); scan outputs are tensors. Compiled or exported:
+    torch.while_loop, when the carried values are tensors that keep their shapes (zero iterations then give scan
+    outputs of shape [0, *the body output's shape])."""
     body_proto = node.attr("body")
     body = ctx.subgraph(body_proto)
     carried = node.inputs[2:]
@@ -109,7 +111,8 @@ def _scan(node: OnnxNode, ctx, num_state: int, directions_attribute: str) -> tup
 
 @register_converter("Scan", (9, 11, 16, 19, 21, 23, 24, 25))
 def scan(node: OnnxNode, ctx) -> Converted:
-    """State variables and scan inputs/outputs with any axes and directions; the body may read outer values."""
+    """State variables and scan inputs/outputs with any axes and directions; the body may read outer values.
+    Compiled or exported: torch.while_loop over a dynamic length."""
     num_state = len(node.inputs) - node.attr("num_scan_inputs")
     module, captured = _scan(node, ctx, num_state, "scan_input_directions")
     return Converted(module, [*node.inputs, *captured])
