@@ -146,7 +146,7 @@ def graph_break(message: str) -> None:
 def is_zero(size) -> bool:
     """``size == 0``; for a traced size whose value is unknown while tracing (unbacked), False, and the traced
     program checks at run time that it is not 0."""
-    if isinstance(size, int):
+    if not isinstance(size, torch.SymInt):  # an int, or torch.jit tracing's size tensor
         return size == 0
     try:
         from torch.fx.experimental.symbolic_shapes import guard_or_false

@@ -194,12 +194,16 @@ def test_convert_pt2(tmp_path, capsys):
 
 
 def test_convert_pt2_failure_is_reported_and_exits_1(tmp_path, capsys):
-    def branch(op, name):
-        return helper.make_graph([helper.make_node(op, ["x"], [name])], name, [],
-                                 [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2])])
+    def branch(op, name, shape):  # branches of different ranks: no torch.cond
+        return helper.make_graph([helper.make_node(op, ["x", "axes"][: 1 + (op == "Unsqueeze")], [name])], name, [],
+                                 [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)])
 
-    node = helper.make_node("If", ["c"], ["y"], then_branch=branch("Neg", "n"), else_branch=branch("Abs", "a"))
-    onnx.save(make_model([node], [("c", np.bool_, []), ("x", np.float32, [2])], ["y"]), tmp_path / "if.onnx")
+    nodes = [helper.make_node("If", ["c"], ["r"], then_branch=branch("Neg", "n", [2]),
+                              else_branch=branch("Unsqueeze", "a", [1, 2])),
+             helper.make_node("ReduceSum", ["r"], ["y"], keepdims=0)]
+    model = make_model(nodes, [("c", np.bool_, []), ("x", np.float32, [2])], [("y", np.float32, [])],
+                       {"axes": np.int64([0])})
+    onnx.save(model, tmp_path / "if.onnx")
     assert main(["convert", str(tmp_path / "if.onnx"), "-o", str(tmp_path / "out"), "--pt2"]) == 1
     captured = capsys.readouterr()
     assert "wrote" in captured.out and (tmp_path / "out" / "model.py").exists()
