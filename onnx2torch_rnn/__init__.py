@@ -13,6 +13,7 @@ import os
 from torch import fx
 
 from . import converters as _converters  # noqa: F401 - registers the built-in converters
+from ._version import __version__ as __version__
 from .builder import ConversionContext, build
 from .checking import compare
 from .errors import (
@@ -33,6 +34,8 @@ from .loading import ModelSource, load_model
 from .node import Converted, OnnxNode
 from .onnx_export import to_onnx
 from .passes import Fusion, GraphView, register_pattern
+from .passes import loops as _loops  # noqa: F401 - registers the built-in recognition patterns
+from .passes import stacked as _stacked  # noqa: F401
 from .recurrent import onnx_translation_table
 from .registry import register_converter
 
@@ -61,7 +64,6 @@ __all__ = [
     "register_pattern",
     "to_onnx",
 ]
-__version__ = "0.1.0"
 
 
 def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,

@@ -37,7 +37,7 @@ from .folding import FoldLimit, FoldTooLarge
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .modules.shape import ShapeExpr
-from .node import Converted, OnnxNode, StaticInput, attribute_value
+from .node import Converted, OnnxNode, StaticInput, attribute_value, bodies, free_names, read_names
 from .passes import FUSION_DOMAIN, Fusion, Recognised, recognise
 from .registry import NOT_FOLDABLE, Converter, normalize_domain, resolve, schema_for, static_inputs
 from .shape_arithmetic import ShapeArithmetic
@@ -206,6 +206,10 @@ class ConversionContext:
         plan = known if known is not None and known.graph is graph else None  # None: one the converter made
         return _GraphBuilder(ConversionContext(self.loaded, graph, parent=self, plan=plan)).build()
 
+    def convert(self, proto: onnx.NodeProto) -> Converted:
+        """Convert one node with its registered converter, as the builder does (a fused node builds its parts so)."""
+        return convert_node(self, proto)[0]
+
 
 @dataclass
 class Subgraph:
@@ -259,13 +263,13 @@ def _plan(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], fusions: dict[str
           uses: Counter, missing: dict[tuple[str, str, int], list[str]]) -> Plan:
     """``make_plan`` for one graph, then for its nodes' bodies (depth first); ops without a converter go to
     ``missing``, with the names of their nodes."""
-    last_reader = {name: index for index, node in enumerate(nodes) for name in _reads(node)}
+    last_reader = {name: index for index, node in enumerate(nodes) for name in read_names(node)}
     for info in graph.output:  # graph outputs are read at the end
         last_reader.pop(info.name, None)
     release = defaultdict(list)
     for name, index in last_reader.items():
         release[index].append(name)
-    plan = Plan(graph, [], _free_names(graph, nodes), uses, {})
+    plan = Plan(graph, [], free_names(graph, nodes), uses, {})
     for index, node in enumerate(nodes):
         domain = normalize_domain(node.domain)
         step = Step(node, node.name or f"{node.op_type}_{index}", None, 1, None, None, release[index])
@@ -279,31 +283,9 @@ def _plan(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], fusions: dict[str
             step.static_inputs = static_inputs(domain, node.op_type, step.version)
         plan.steps.append(step)
     for node in nodes:
-        for body in _bodies(node):
+        for body in bodies(node):
             plan.bodies[id(body)] = _plan(body, list(body.node), {}, opsets, uses, missing)
     return plan
-
-
-def _bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """A node's subgraphs (If branches, Loop and Scan bodies), in attribute order."""
-    return [body for attribute in node.attribute
-            for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    """The values a node reads: its inputs and what its subgraphs read from enclosing scopes."""
-    return [name for name in node.input if name] + [name for body in _bodies(node) for name in _free_names(body)]
-
-
-def _free_names(graph: onnx.GraphProto, nodes: list[onnx.NodeProto] | None = None) -> list[str]:
-    """Values a (sub)graph reads from enclosing scopes, in order of first use. ``nodes``: its nodes, if not its own."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    free: dict[str, None] = {}
-    for node in graph.node if nodes is None else nodes:
-        free.update((name, None) for name in _reads(node) if name not in defined)
-        defined.update(node.output)
-    free.update((o.name, None) for o in graph.output if o.name not in defined)
-    return list(free)
 
 
 def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = None, *,

@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 
 from .modules.quantized import dequantize as dequantize_values
 from .modules.quantized import per_axis
-from .node import attribute_value
+from .node import attribute_value, bodies, free_names, read_names
 from .registry import normalize_domain
 from .tensors import to_torch
 
@@ -224,7 +224,7 @@ class _Rewriter:
         for node in reversed(self.nodes):
             if any(o in needed for o in node.output if o) or _has_subgraph(node):
                 kept.append(node)
-                needed.update(_reads(node))
+                needed.update(read_names(node))
         kept.reverse()
         self.graph.ClearField("node")
         self.graph.node.extend(kept)
@@ -283,15 +283,8 @@ class _Rewriter:
         self.emit("Conv" if conv else "MatMul", [source, weight], [mul.output[0]], **attributes)
 
 
-def _reads(node: onnx.NodeProto) -> list[str]:
-    return [name for name in node.input if name] + _subgraph_reads(node)
-
-
 def _subgraph_reads(node: onnx.NodeProto) -> list[str]:
-    from .builder import _free_names
-
-    return [name for a in node.attribute for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
-            for name in _free_names(body)]
+    return [name for body in bodies(node) for name in free_names(body)]
 
 
 def _has_subgraph(node: onnx.NodeProto) -> bool:

@@ -1,4 +1,4 @@
-"""What a converter sees of an ONNX node, and what it returns.
+"""What a converter sees of an ONNX node, and what it returns; which values a node reads.
 
 ``OnnxNode`` records every attribute a converter reads; the builder refuses a node that carries an attribute its
 converter never read, so no attribute can be ignored silently.
@@ -15,14 +15,13 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedAttributeError
+from .tensors import to_torch
 
 _SCHEMA = object()  # sentinel: take the default from the operator schema
 
 
 def attribute_value(attribute: onnx.AttributeProto) -> Any:
     """An attribute as a Python value: strings decoded, tensors as torch tensors, graphs as GraphProto."""
-    from .tensors import to_torch
-
     value = onnx.helper.get_attribute_value(attribute)
     if isinstance(value, bytes):
         return value.decode()
@@ -34,6 +33,28 @@ def attribute_value(attribute: onnx.AttributeProto) -> Any:
         if attribute.type == onnx.AttributeProto.TENSORS:
             return [to_torch(v) for v in value]
     return value
+
+
+def bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """A node's subgraphs (If branches, Loop and Scan bodies), in attribute order."""
+    return [body for attribute in node.attribute
+            for body in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)]
+
+
+def read_names(node: onnx.NodeProto) -> list[str]:
+    """The values a node reads: its inputs and what its subgraphs read from enclosing scopes."""
+    return [name for name in node.input if name] + [name for body in bodies(node) for name in free_names(body)]
+
+
+def free_names(graph: onnx.GraphProto, nodes: list[onnx.NodeProto] | None = None) -> list[str]:
+    """Values a (sub)graph reads from enclosing scopes, in order of first use. ``nodes``: its nodes, if not its own."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    free: dict[str, None] = {}
+    for node in graph.node if nodes is None else nodes:
+        free.update((name, None) for name in read_names(node) if name not in defined)
+        defined.update(node.output)
+    free.update((o.name, None) for o in graph.output if o.name not in defined)
+    return list(free)
 
 
 class OnnxNode:

@@ -8,7 +8,9 @@ from collections.abc import Iterator, Mapping
 
 import onnx
 
+from ._version import __version__
 from .errors import ExportError
+from .node import bodies
 from .signature import OnnxSignature
 
 EXPORTER_OPSET = 18  # torch.onnx's own opset: the highest that to_onnx writes
@@ -21,17 +23,12 @@ def opset_of(proto: onnx.ModelProto) -> int:
     return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def _bodies(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for attribute in node.attribute:
-        yield from [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs
-
-
 def _rename(graph: onnx.GraphProto, mapping: Mapping[str, str]) -> None:
     """Rename values everywhere in ``graph``, subgraphs included."""
     for node in graph.node:
         node.input[:] = [mapping.get(n, n) for n in node.input]
         node.output[:] = [mapping.get(n, n) for n in node.output]
-        for body in _bodies(node):
+        for body in bodies(node):
             _rename(body, mapping)
     for info in (*graph.input, *graph.output, *graph.value_info):
         info.name = mapping.get(info.name, info.name)
@@ -43,7 +40,7 @@ def _names(graph: onnx.GraphProto) -> set[str]:
     names = {i.name for i in (*graph.input, *graph.value_info)} | {t.name for t in graph.initializer}
     for node in graph.node:
         names.update(node.output)
-        for body in _bodies(node):
+        for body in bodies(node):
             names |= _names(body)
     return names
 
@@ -72,8 +69,6 @@ def restore_interface(proto: onnx.ModelProto, signature: OnnxSignature) -> None:
                 raise ExportError(f"{kind} {spec.name!r} of the exported model is {_type_name(got)}; the original "
                                   f"model's is {_type_name(spec.elem_type)}")
     _drop_metadata(graph)
-    from . import __version__
-
     proto.producer_name, proto.producer_version = "onnx2torch_rnn", __version__
 
 
@@ -123,7 +118,7 @@ def _drop_metadata(graph: onnx.GraphProto) -> None:
     for item in (*graph.input, *graph.output, *graph.value_info, *graph.initializer, *graph.node):
         del item.metadata_props[:]
     for node in graph.node:
-        for body in _bodies(node):
+        for body in bodies(node):
             _drop_metadata(body)
 
 

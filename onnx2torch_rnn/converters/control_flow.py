@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 
 from ..modules.control_flow import If, Loop, Scan, Scan8
-from ..node import Converted, OnnxNode
+from ..node import Converted, OnnxNode, read_names
 from ..registry import register_converter
 
 _LATER = (11, 13, 16, 19, 21, 23, 24, 25)  # versions since 11 differ only in the types they allow
@@ -63,8 +63,6 @@ def loop(node: OnnxNode, ctx) -> Converted:
 def _cond_state(body: onnx.GraphProto, num_carried: int) -> list[int]:
     """The carried values (positions) that the body's cond output depends on, directly or through other carried
     values: all that a compiled Loop needs to count its iterations."""
-    from ..builder import _reads as reads  # the builder owns what a node reads (subgraph captures included)
-
     producer = {name: n for n in body.node for name in n.output}
     carried_in = [i.name for i in body.input[2 : 2 + num_carried]]
 
@@ -74,7 +72,7 @@ def _cond_state(body: onnx.GraphProto, num_carried: int) -> list[int]:
             value = pending.pop()
             if value not in seen:
                 seen.add(value)
-                pending.extend(reads(producer[value]) if value in producer else ())
+                pending.extend(read_names(producer[value]) if value in producer else ())
         return {value for value in seen if value not in producer}
 
     kept: set[int] = set()

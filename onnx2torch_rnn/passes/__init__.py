@@ -24,7 +24,7 @@ import onnx
 
 from ..errors import ConversionError
 from ..loading import LoadedModel
-from ..node import Converted
+from ..node import Converted, read_names
 from ..registry import NOT_FOLDABLE
 
 logger = logging.getLogger(__name__)  # INFO: one line per fusion (pattern, nodes replaced)
@@ -80,7 +80,7 @@ class GraphView:
         self.producer: dict[str, onnx.NodeProto] = {o: n for n in self.nodes for o in n.output if o}
         self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
         for node in self.nodes:
-            for name in _reads(node):
+            for name in read_names(node):
                 self.consumers[name].append(node)
         self.graph_outputs = {o.name for o in self.graph.output}
         self.graph_inputs = {i.name for i in self.graph.input}
@@ -179,7 +179,7 @@ class GraphView:
     def only_consumer(self, name: str) -> onnx.NodeProto | None:
         """The one node that reads ``name``, if exactly one does (once) and it is not a graph output."""
         readers = self.consumers.get(name, [])
-        if len(readers) != 1 or name in self.graph_outputs or list(_reads(readers[0])).count(name) != 1:
+        if len(readers) != 1 or name in self.graph_outputs or list(read_names(readers[0])).count(name) != 1:
             return None
         return readers[0]
 
@@ -201,12 +201,6 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
             value = onnx.helper.get_attribute_value(a)
             return value.decode() if isinstance(value, bytes) else value
     return default
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    from ..builder import _reads as reads  # the builder owns what a node reads (subgraph captures included)
-
-    return reads(node)
 
 
 @dataclass
@@ -255,7 +249,7 @@ def _acyclic(view: GraphView, fusion: Fusion) -> bool:
     """Whether no value the fusion reads depends on a value it produces (one node cannot both feed and follow)."""
     inside = {id(n) for n in fusion.nodes}
     produced = {o for n in fusion.nodes for o in n.output if o}
-    sources = {id(view.producer[name]) for n in fusion.nodes for name in _reads(n)
+    sources = {id(view.producer[name]) for n in fusion.nodes for name in read_names(n)
                if name not in produced and name in view.producer}
     pending = [c for o in fusion.outputs if o for c in view.consumers.get(o, []) if id(c) not in inside]
     seen: set[int] = set()
@@ -312,7 +306,7 @@ def _absorb_feeders(view: GraphView, fusion: Fusion, replaced: set[int]) -> None
     inside = {id(n) for n in fusion.nodes}
     needed = set(fusion.inputs)
     # a worklist of the producers of what members read: each node is looked at again only when a reader joins
-    pending = [view.producer[v] for n in fusion.nodes for v in _reads(n) if v in view.producer]
+    pending = [view.producer[v] for n in fusion.nodes for v in read_names(n) if v in view.producer]
     while pending:
         node = pending.pop()
         if id(node) in inside or id(node) in replaced:
@@ -323,10 +317,10 @@ def _absorb_feeders(view: GraphView, fusion: Fusion, replaced: set[int]) -> None
                 o in view.graph_outputs or o in needed for o in outputs):
             fusion.nodes.append(node)
             inside.add(id(node))
-            pending += [view.producer[v] for v in _reads(node) if v in view.producer]
+            pending += [view.producer[v] for v in read_names(node) if v in view.producer]
     fusion.nodes.sort(key=lambda n: view.position[id(n)])
     produced = {o for n in fusion.nodes for o in n.output}
-    reads = dict.fromkeys(name for n in fusion.nodes for name in _reads(n) if name not in produced)
+    reads = dict.fromkeys(name for n in fusion.nodes for name in read_names(n) if name not in produced)
     fusion.inputs = list(dict.fromkeys([*fusion.inputs, *reads]))
 
 
@@ -335,7 +329,7 @@ def _topological(nodes: list[onnx.NodeProto], rank: dict[int, int]) -> list[onnx
     waiting: dict[int, int] = {}
     readers: dict[int, list[onnx.NodeProto]] = defaultdict(list)
     for node in nodes:
-        sources = {id(producer[name]) for name in _reads(node) if name in producer} - {id(node)}
+        sources = {id(producer[name]) for name in read_names(node) if name in producer} - {id(node)}
         waiting[id(node)] = len(sources)
         for source in sources:
             readers[source].append(node)
@@ -353,6 +347,3 @@ def _topological(nodes: list[onnx.NodeProto], rank: dict[int, int]) -> list[onnx
     if len(result) != len(nodes):  # a pattern fused nodes that a value outside them both feeds and reads
         raise AssertionError("recognition made the graph cyclic")
     return result
-
-
-from . import loops, stacked  # noqa: E402, F401 - registers the built-in patterns

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..node import Converted
-from . import Fusion, GraphView, _reads, _run_node, attribute, register_pattern
+from ..node import Converted, read_names
+from . import Fusion, GraphView, _run_node, attribute, register_pattern
 from .stacked import _dim, _op, _rank, _shape_vector
 
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
@@ -722,7 +722,7 @@ def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_o
     inits = list(loop.input[2:])
     if holder is not None and _zero(view, inits[holder]) is None:
         return None  # the runtime's held output starts at zeros
-    read = [n for n in _reads(loop) if view.folded(n) is not None and view.folded(n).size > 1]
+    read = [n for n in read_names(loop) if view.folded(n) is not None and view.folded(n).size > 1]
     if not all(_private(view, n, loop) for n in read):
         return None
     batch = _dim(view, evaluator.x, 1)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from ..node import Converted
+from ..node import Converted, read_names
+from ..recurrent import StackedRecurrent
 from . import Fusion, GraphView, attribute, register_pattern
-from . import _reads as _reads_of
 
 RECURRENT = ("LSTM", "GRU", "RNN")
 _INT32, _INT64 = onnx.TensorProto.INT32, onnx.TensorProto.INT64
@@ -402,7 +402,7 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
     batch = _dim(view, stack.x, 1)  # the batch of every layer: the glue keeps it
     others = [r for r in view.consumers.get(stack.x, []) if r is not first.node]
     if (_op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2] and first.node.input[0] == stack.x
-            and list(_reads_of(first.node)).count(stack.x) == 1 and stack.x not in view.graph_outputs
+            and list(read_names(first.node)).count(stack.x) == 1 and stack.x not in view.graph_outputs
             and all(_op(r, "Shape") for r in others)):  # Shapes of it: zero states, absorbed with them
         stack.x, stack.batch_first = transpose.input[0], True
         stack.nodes.append(transpose)
@@ -523,9 +523,6 @@ def _weights(stack: _Stack) -> list[str]:
 
 
 def _convert(ctx, stack: _Stack) -> Converted:
-    from ..builder import convert_node
-    from ..recurrent import StackedRecurrent
-
     wanted = [o is not None for o in stack.outputs] + [False] * (3 - len(stack.outputs))
     modules = []
     for index, layer in enumerate(stack.layers):
@@ -541,7 +538,7 @@ def _convert(ctx, stack: _Stack) -> Converted:
         while len(flags) > 1 and not flags[-1]:
             flags.pop()
         proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
-        converted, _, _ = convert_node(ctx, proto)
+        converted = ctx.convert(proto)
         if any(name is not None for k, name in enumerate(converted.inputs[1:], 1) if k != 4) or (
                 converted.inputs[4] not in (None, layer.lengths)):
             raise AssertionError("a recognised layer must take only X and its lengths at run time")

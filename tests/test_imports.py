@@ -1,0 +1,108 @@
+"""The package's modules import each other without cycles.
+
+The graph is read from the source with ast: an edge for every import of a module of the package, at module level or
+inside a function. An import inside a function (deferred) runs later, but a cycle it closes is still a cycle: the
+two modules cannot be understood, tested or loaded one without the other, and which one loads first decides whether
+a name is there yet. So deferred imports count too; they are for what is costly or optional to load, never for
+hiding a cycle.
+
+Importing ``a.b.c`` runs the packages ``a`` and ``a.b`` first: those are edges too, except a package that holds the
+importing module (it is already being imported when its submodules run).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import onnx2torch_rnn
+
+ROOT = Path(onnx2torch_rnn.__file__).parent
+PACKAGE = ROOT.name
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> source file, for every module of the package (a package's name -> its __init__.py)."""
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _packages_above(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _imported(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, int]]:
+    """(module of the package, line) for each import in ``path``, the packages it runs first included."""
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]  # what `from . import` names
+    targets = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module
+            if node.level:  # `from ..x import y` in a.b.c: a.x
+                package = here.split(".")[: len(here.split(".")) - node.level + 1]
+                base = ".".join([*package, node.module] if node.module else package)
+            # `from package import submodule` imports the submodule; `from module import name` the module
+            targets += [(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base, node.lineno)
+                        for alias in node.names]
+    edges = []
+    for target, line in targets:
+        running = [p for p in _packages_above(target) if p not in _packages_above(name)]
+        edges += [(module, line) for module in [*running, target] if module in known and module != name]
+    return edges
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {module it imports: line of the first such import}."""
+    known = modules()
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in known.items():
+        graph[name] = {}
+        for target, line in _imported(name, path, known):
+            graph[name].setdefault(target, line)
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One cycle (its modules in import order, the first repeated at the end), or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module):], module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in graph.get(module, {}):
+            cycle = visit(target)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(module)
+        return None
+
+    return next((cycle for module in sorted(graph) if (cycle := visit(module))), None)
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    cycle = find_cycle(graph)
+    steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in itertools.pairwise(cycle)] if cycle else []
+    assert cycle is None, "import cycle:\n  " + "\n  ".join(steps)
+
+
+def test_the_cycle_check_sees_deferred_and_package_imports():
+    graph = import_graph()
+    assert f"{PACKAGE}.registry" in graph[f"{PACKAGE}.converters.recurrent"]  # from ..registry import ...
+    assert f"{PACKAGE}.converters" not in graph[f"{PACKAGE}.converters.recurrent"]  # its own package
+    assert f"{PACKAGE}.modules" in graph[f"{PACKAGE}.dequantize"]  # from .modules.quantized runs modules first
+    assert f"{PACKAGE}.builder" in graph[f"{PACKAGE}.cli"]  # inside a function
+    assert find_cycle({"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": 1}, "b": {}, "c": {"a": 2, "b": 3}}) is None
