@@ -25,8 +25,11 @@ import onnx
 import torch
 from torch import fx, nn
 
+from .checking import DEFAULT_INT_RANGE, _numpy, compare_arrays, index_ranges
+from .codegen import _quiet
 from .errors import ExportError
 from .onnx_rewrite import EXPORTER_OPSET, has_half_precision, lower_opset, opset_of, restore_interface
+from .recurrent import onnx_translation_table
 from .signature import OnnxSignature, example_inputs, recorded
 
 DEFAULT_SIZE = 4  # example size of a dynamic dim that the caller does not set
@@ -209,9 +212,6 @@ def _export(module: fx.GraphModule, signature: OnnxSignature, args: tuple[torch.
     """The exported ONNX model, and the input shapes of a second check (each dynamic dim at another size)."""
     from torch.export import Dim
 
-    from .codegen import _quiet
-    from .recurrent import onnx_translation_table
-
     watch = _Watch(module, axes)
     dynamic = tuple({axis: Dim.AUTO for axis in dynamic_axes} or None for dynamic_axes in axes)
     try:
@@ -324,8 +324,6 @@ def _check(path: Path, module: nn.Module, signature: OnnxSignature, shapes: list
         import onnxruntime
     except ImportError:
         return [], 0.0
-    from .checking import _numpy, compare_arrays
-
     if not shapes:
         return [], 0.0
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -353,8 +351,6 @@ def _random_feeds(model: onnx.ModelProto, signature: OnnxSignature, input_shapes
                   seed: int) -> dict[str, np.ndarray]:
     """Floats standard normal, bools fair coins, integers in the range their use makes valid (checking's
     index_ranges: indices below the table size, lengths up to the sequence length), else checking's default."""
-    from .checking import DEFAULT_INT_RANGE, index_ranges
-
     sizes = {}
     for info, shape in zip(model.graph.input, input_shapes, strict=True):
         for dim, size in zip(info.type.tensor_type.shape.dim, shape, strict=True):

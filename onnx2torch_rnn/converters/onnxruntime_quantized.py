@@ -11,6 +11,7 @@ import torch
 
 from ..modules import quantized as q
 from ..node import Converted, OnnxNode
+from ..recurrent import InvalidAttribute
 from ..registry import register_converter
 from .quantized import QUANTIZED_TYPES, checked_type
 
@@ -211,16 +212,13 @@ def dynamic_quantize_lstm(node: OnnxNode, ctx) -> Converted:
       not an output makes onnxruntime read an uninitialised state into the other rows' quantization range; here it
       counts as zero.
     """
-    from ..modules.quantized import DynamicQuantizeLSTM
-    from ..recurrent import InvalidAttribute
-
     _check(node, ctx, (1, 2, 9, 11))
     constants = {name: ctx.constant(node.input(index)) for name, index in _LSTM_QUANTIZED.items()}
     lens = ctx.constant(node.input(4))
     weights = {name: ctx.constant(node.input(index)) for name, index in (("B", 3), ("P", 7))}
     runtime = tuple(k for k, i in (("B", 3), ("P", 7)) if node.input(i) is not None and weights[k] is None)
     try:
-        module = DynamicQuantizeLSTM(
+        module = q.DynamicQuantizeLSTM(
             quantized=constants, hidden_size=node.attr("hidden_size", None),
             direction=node.attr("direction", "forward"), activations=node.attr("activations", None),
             activation_alpha=node.attr("activation_alpha", None), activation_beta=node.attr("activation_beta", None),
