@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the test suite on another Python and/or torch than CI's (Python 3.11, torch 2.13.0 CPU from constraints.txt),
-# e.g. before a release:  bash scripts/check_versions.sh 3.13 2.13.0   or   bash scripts/check_versions.sh 3.11 2.14.1
+# Run the test suite on another Python and/or torch than .venv's (Python 3.11, torch 2.13.0 CPU from constraints.txt).
+# CI runs  bash scripts/check_versions.sh 3.13 2.14.1  (the highest of both that pyproject allows); before widening
+# pyproject's ranges, e.g.:  bash scripts/check_versions.sh 3.13 2.15.0
 # Creates .venv-py<PYTHON>-torch<TORCH> once (python<PYTHON> from PATH or pyenv; torch from the package index: the
 # CUDA build, with its nvidia-* wheels, about 5 GB), builds the native kernel and runs pytest (extra arguments go to pytest).
 set -euo pipefail
