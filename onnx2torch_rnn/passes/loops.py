@@ -81,6 +81,17 @@ class Less:
     b: object
 
 
+@dataclass(eq=False)
+class Joined:
+    """Forms concatenated along the features: understood only as MatMul's left operand (TF1 cells MatMul
+    ``[x, h]`` by one kernel)."""
+
+    parts: tuple
+
+
+_ELEMENTWISE = ("act", "clip")  # atoms of one form, column by column
+
+
 def _leaf(atom: Atom) -> Form:
     return Form({atom: 1.0})
 
@@ -94,6 +105,9 @@ def _dense(m: np.ndarray | float, width: int) -> np.ndarray:
 
 
 def _form_width(f: Form) -> int | None:
+    atom = _atom(f)
+    if atom is not None and atom.kind in _ELEMENTWISE:
+        return _form_width(atom.args[-1])
     widths = {_width(m) for m in f.terms.values()} | ({f.bias.shape[-1]} if np.ndim(f.bias) else set())
     widths.discard(None)
     return widths.pop() if len(widths) == 1 else None
@@ -132,6 +146,10 @@ def _scale(f: Form, s: np.ndarray | float) -> Form | None:
 
 
 def _columns(f: Form, start: int, end: int) -> Form | None:
+    atom = _atom(f)
+    if atom is not None and atom.kind in _ELEMENTWISE:  # elementwise: the columns of act(g) are act(g's columns)
+        inner = _columns(atom.args[-1], start, end)
+        return None if inner is None else _leaf(Atom(atom.kind, (*atom.args[:-1], inner)))
     width = _form_width(f)
     if width is None:
         return None
@@ -151,12 +169,14 @@ def _constant_form(value: np.ndarray) -> Form | None:
 class _Evaluator:
     """The body's values as forms, masks, step indices and outer values (None: not understood)."""
 
-    def __init__(self, view: GraphView, body: onnx.GraphProto, env: dict):
+    def __init__(self, view: GraphView, body: onnx.GraphProto, env: dict, x: tuple[str, str] | None = None):
         self.view, self.env = view, env
         self.x: str | None = None  # the outer value whose step is x
         self.mask: str | None = None  # the outer value whose step is the mask
         self.dtype: np.dtype | None = None  # the weights' type
         self.x_atom = Atom("x")  # one atom for every read of the step's input
+        if x is not None:  # a Scan's step input: (the outer input, the body input that is its step)
+            self.x, env[x[1]] = x[0], _leaf(self.x_atom)
         self.constants = {t.name: onnx.numpy_helper.to_array(t) for t in body.initializer}
         for node in body.node:
             outputs = self.node(node, [self.value(v) if v else None for v in node.input])
@@ -220,7 +240,36 @@ class _Evaluator:
     def atom(kind: str, *args) -> Atom:
         return Atom(kind, args)
 
+    def _Concat(self, node, *parts):
+        if attribute(node, "axis") not in (1, -1) or not all(isinstance(p, Form) for p in parts):
+            return None
+        return [Joined(parts)]
+
+    def _joined_matmul(self, node, joined: Joined, w: np.ndarray):
+        """[a, b, ...] @ w = a @ w[rows of a] + b @ w[rows of b] + ...: the parts' widths from their matrices or
+        the input's static width, one unknown width taken from what is left of w's rows."""
+        x_width = _dim(self.view, self.x, 2) if self.x is not None else None
+        if not isinstance(x_width, int) and self.x is not None:  # the declared width where no op fixes it
+            shape = self.view.shape(self.x)
+            x_width = shape[2] if shape is not None and len(shape) == 3 else None
+        widths = [_form_width(p) or (x_width if _atom(p) is self.x_atom and isinstance(x_width, int) else None)
+                  for p in joined.parts]
+        if widths.count(None) > 1 or not isinstance(w, np.ndarray) or w.ndim != 2:
+            return None
+        if None in widths:
+            widths[widths.index(None)] = w.shape[0] - sum(v for v in widths if v is not None)
+        if min(widths) < 1 or sum(widths) != w.shape[0]:
+            return None
+        starts, total = np.cumsum([0, *widths]), Form({})
+        for k, part in enumerate(joined.parts):
+            product = self._MatMul(node, part, w[starts[k]:starts[k + 1]])
+            if product is None or product[0] is None or (total := _add(total, product[0])) is None:
+                return None
+        return [total]
+
     def _MatMul(self, node, a, w):
+        if isinstance(a, Joined):
+            return self._joined_matmul(node, a, w)
         if not isinstance(a, Form) or not isinstance(w, np.ndarray) or w.ndim != 2:
             return None
         if self.dtype not in (None, w.dtype) or w.dtype.kind != "f":
@@ -405,6 +454,7 @@ class _Cell:
     linear_before_reset: int = 0
     recurrent_bias: np.ndarray | None = None  # GRU with linear_before_reset: Rb of the h gate
     reset_h: Form | None = None  # GRU with linear_before_reset: the h gate's recurrent form
+    c_new: Form | None = None  # LSTM: c's new value (the o gate's peephole reads it)
 
 
 def _lstm(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
@@ -429,7 +479,8 @@ def _lstm(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
             o_act, h_act = h_act, o_act
         if not _same(h_act[1], new[c]) or not f_act[0] == i_act[0] == o_act[0]:
             continue
-        return _Cell("LSTM", [i_act[1], o_act[1], f_act[1], g_act[1]], [f_act[0], g_act[0], h_act[0]], h, c)
+        return _Cell("LSTM", [i_act[1], o_act[1], f_act[1], g_act[1]], [f_act[0], g_act[0], h_act[0]], h, c,
+                     c_new=new[c])
     return None
 
 
@@ -496,14 +547,44 @@ def _rnn(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
     return _Cell("RNN", [activated[1]], [activated[0]], h)
 
 
+def _diagonal(m: np.ndarray | float, hidden: int) -> np.ndarray | None:
+    m = _dense(m, hidden)
+    return np.diag(m).copy() if m.shape == (hidden, hidden) and not np.any(m - np.diag(np.diag(m))) else None
+
+
+def _peepholes(cell: _Cell, states: dict[int, Atom], hidden: int) -> tuple[list[Form], np.ndarray | None] | None:
+    """An LSTM's peephole terms (ONNX P [1, 3H], gates i, o, f): i and f read the old c, o the new c, each through a
+    diagonal matrix. Returns the gates without those terms, and P (None where every peephole is zero)."""
+    if cell.op_type != "LSTM":
+        return cell.gates, None
+    reads = ([states[cell.c]], list(cell.c_new.terms), [states[cell.c]], [])  # what gate i, o, f, c may read
+    gates, p = [], []
+    for gate, atoms in zip(cell.gates, reads, strict=True):
+        present = [a for a in atoms if a in gate.terms]
+        if present and len(present) != len(atoms):  # the o gate reads all of the new c or none of it
+            return None
+        diagonals = [_diagonal(gate.terms[a], hidden) for a in present]
+        if any(d is None or not np.array_equal(d, diagonals[0]) for d in diagonals):
+            return None
+        p.append(diagonals[0] if diagonals else np.zeros(hidden))
+        gates.append(Form({a: m for a, m in gate.terms.items() if a not in present}, gate.bias))
+    P = np.concatenate(p[:3])[None]
+    return gates, P if P.any() else None
+
+
 def _weights(cell: _Cell, x: Atom, states: dict[int, Atom]) -> tuple | None:
-    """W [1, gH, I], R [1, gH, H], B [1, 2gH] of the cell, when every gate is affine in x and h only."""
+    """W [1, gH, I], R [1, gH, H], B [1, 2gH], hidden and P [1, 3H] (LSTM peepholes, else None) of the cell, when
+    every gate is affine in x and h (and an LSTM's in c through diagonal peepholes)."""
     h_atom = states[cell.h]
-    gates = cell.gates + ([cell.reset_h] if cell.reset_h is not None else [])
-    hidden = {_form_width(g) for g in gates} - {None}
+    hidden = {_form_width(g) for g in cell.gates + ([cell.reset_h] if cell.reset_h is not None else [])} - {None}
     if len(hidden) != 1:
         return None
     hidden = hidden.pop()
+    peepholes = _peepholes(cell, states, hidden)
+    if peepholes is None:
+        return None
+    gate_forms, P = peepholes
+    gates = gate_forms + ([cell.reset_h] if cell.reset_h is not None else [])
     if any(set(g.terms) - {x, h_atom} for g in gates):
         return None
     inputs = {m.shape[0] for g in gates for a, m in g.terms.items() if a is x and isinstance(m, np.ndarray)}
@@ -516,20 +597,20 @@ def _weights(cell: _Cell, x: Atom, states: dict[int, Atom]) -> tuple | None:
         m = _dense(m, hidden)
         return m if m.shape == (rows, hidden) else None
 
-    ws = [matrix(g, x, size) for g in cell.gates]
-    rs = [matrix(g, h_atom, hidden) for g in cell.gates]
+    ws = [matrix(g, x, size) for g in gate_forms]
+    rs = [matrix(g, h_atom, hidden) for g in gate_forms]
     if cell.reset_h is not None:
         rs[-1] = matrix(cell.reset_h, h_atom, hidden)
     if any(m is None for m in ws + rs):
         return None
-    biases = [np.broadcast_to(np.asarray(g.bias, dtype=np.float64), (hidden,)) for g in cell.gates]
-    recurrent = [np.zeros(hidden)] * len(cell.gates)
+    biases = [np.broadcast_to(np.asarray(g.bias, dtype=np.float64), (hidden,)) for g in gate_forms]
+    recurrent = [np.zeros(hidden)] * len(gate_forms)
     if cell.reset_h is not None:
         recurrent[-1] = np.broadcast_to(cell.recurrent_bias, (hidden,))
     W = np.concatenate([m.T for m in ws])[None]
     R = np.concatenate([m.T for m in rs])[None]
     B = np.concatenate(biases + recurrent)[None]
-    return W, R, B, hidden
+    return W, R, B, hidden, P
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -540,13 +621,15 @@ def _weights(cell: _Cell, x: Atom, states: dict[int, Atom]) -> tuple | None:
 class _Match:
     loop: onnx.NodeProto
     cell: _Cell
-    weights: tuple  # W, R, B (float64 arrays), hidden
+    weights: tuple  # W, R, B (float64 arrays), hidden, P (float64 or None)
     dtype: np.dtype  # the weights' type in the graph
     x: str  # the time-major input [T, N, I]
     mask: str | None = None  # the time-major mask [T, N, 1]
     mask_output: str | None = None  # what a masked step's Y is: "hold" (the previous output) or "zero"
     initial: dict[str, str] = field(default_factory=dict)  # "h" / "c" -> a given initial state [N, H]
     outputs: list[str | None] = field(default_factory=list)  # y [T, N, H], h_n, c_n, the last output
+    lengths: bool = False  # the mask is per-row lengths [N] (step t runs where t < length: scans.py)
+    direction: str = "forward"  # "reverse": a Scan reading x and writing y from the last step to the first
 
 
 def _select(f: Form) -> tuple[Form, Form | None] | None:
@@ -671,10 +754,12 @@ def _match(view: GraphView, loop: onnx.NodeProto) -> _Match | None:
         return None
     if evaluator.mask is not None and _rank(view, evaluator.mask) != 3:
         return None
-    return _cell_match(view, loop, evaluator, states, [env.get(o.name) for o in body.output], outer_outputs)
+    return _cell_match(view, loop, evaluator, states, [env.get(o.name) for o in body.output], outer_outputs, inits)
 
 
-def _cell_match(view, loop, evaluator, states, body_values, outer_outputs) -> _Match | None:
+def _cell_match(view, loop, evaluator, states, body_values, outer_outputs, inits) -> _Match | None:
+    """The match of a body whose values are ``body_values`` (a Loop's: condition, carried values, scan outputs)
+    with carried values ``states`` (their initial values ``inits``) into the node's ``outer_outputs``."""
     new, old = {}, {}
     for k in states:
         value = body_values[1 + k]
@@ -694,7 +779,7 @@ def _cell_match(view, loop, evaluator, states, body_values, outer_outputs) -> _M
             weights = cell and _weights(cell, evaluator.x_atom, cell_states)
             if weights:
                 return _finish(view, loop, evaluator, cell, weights, (holder, states, new, old), body_values,
-                               outer_outputs)
+                               outer_outputs, inits)
     return None
 
 
@@ -703,9 +788,9 @@ def _mode(old: Form | None, holder: Atom | None) -> str | None:
     return "zero" if old is None else "hold" if holder is not None and _atom(old) is holder else None
 
 
-def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_outputs) -> _Match | None:
+def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_outputs, inits) -> _Match | None:
     holder, states, new, old = analysis
-    carried = len(loop.input) - 2
+    carried = len(inits)
     scans = body_values[1 + carried:]
     if len(scans) > 1 or (holder is not None and not _same(new[holder], new[cell.h])):
         return None
@@ -719,7 +804,6 @@ def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_o
     if len(modes) > 1 or None in modes:
         return None
     mask_output = (modes.pop() if modes else "zero") if evaluator.mask is not None else None
-    inits = list(loop.input[2:])
     if holder is not None and _zero(view, inits[holder]) is None:
         return None  # the runtime's held output starts at zeros
     read = [n for n in read_names(loop) if view.folded(n) is not None and view.folded(n).size > 1]
@@ -756,7 +840,7 @@ def _convert(ctx, match: _Match) -> Converted:
     from ..recurrent import LoopedRecurrent, OnnxGRU, OnnxLSTM, OnnxRNN
     from ..recurrent.cells import ACTIVATIONS
 
-    cell, (W, R, B, hidden) = match.cell, match.weights
+    cell, (W, R, B, hidden, P) = match.cell, match.weights
     dtype = torch.from_numpy(np.zeros(0, match.dtype)).dtype
     takes = [len(ACTIVATIONS[name][0]) for name, _, _ in cell.activations]  # none, alpha, or alpha and beta
     alpha = [a for (_, a, _), n in zip(cell.activations, takes, strict=True) if n >= 1]
@@ -764,11 +848,13 @@ def _convert(ctx, match: _Match) -> Converted:
     wanted = [o is not None for o in match.outputs]  # y, h_n, c_n, last output
     layer_class = {"LSTM": OnnxLSTM, "GRU": OnnxGRU, "RNN": OnnxRNN}[cell.op_type]
     outputs = [wanted[0] or wanted[3], wanted[1], wanted[2]][:layer_class.cell.num_outputs]
-    layer = layer_class(hidden_size=hidden, activations=[a[0] for a in cell.activations], activation_alpha=alpha,
-                        activation_beta=beta, linear_before_reset=cell.linear_before_reset, outputs=outputs,
+    layer = layer_class(hidden_size=hidden, direction=match.direction, activations=[a[0] for a in cell.activations],
+                        activation_alpha=alpha, activation_beta=beta, linear_before_reset=cell.linear_before_reset,
+                        outputs=outputs,
                         W=torch.tensor(W, dtype=dtype), R=torch.tensor(R, dtype=dtype),
-                        B=torch.tensor(B, dtype=dtype), dtype=dtype, mask_output=match.mask_output)
+                        B=torch.tensor(B, dtype=dtype), P=None if P is None else torch.tensor(P, dtype=dtype),
+                        dtype=dtype, mask_output=match.mask_output)
     module = LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
-                             mask=match.mask is not None, outputs=wanted)
+                             mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted)
     runtime = [match.x, *(match.initial[r] for r in ("h", "c") if r in match.initial)]
     return Converted(module, runtime + ([match.mask] if match.mask else []))

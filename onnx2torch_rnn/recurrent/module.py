@@ -237,17 +237,21 @@ class StackedRecurrent(Module):
 
 class LoopedRecurrent(Module):
     """One recurrent layer as a loop over time writes it (``passes/loops.py``: tf2onnx's Keras layers): x is
-    time-major [T, N, I], the states have no direction axis ([N, H]), the mask is [T, N, 1].
+    time-major [T, N, I], the states have no direction axis ([N, H]), the mask is [T, N, 1]; with ``lengths`` the
+    last argument is instead each row's length [N] (TF1 dynamic_rnn's sequence_length: step t of row n is masked
+    where t >= lengths[n], any length being valid, unlike ONNX's sequence_lens).
 
-    ``forward(x, [initial_h], [initial_c], [mask])`` returns, as ``outputs`` asks: y [T, N, H], h_n, c_n and the
-    last output (y's last step). With zero steps the states are the initial ones (the loop does not run).
+    ``forward(x, [initial_h], [initial_c], [mask | lengths])`` returns, as ``outputs`` asks: y [T, N, H], h_n, c_n
+    and the last output (y's last step). With zero steps the states are the initial ones (the loop does not run).
     """
 
     def __init__(self, layer: Recurrent, *, initial_h: bool = False, initial_c: bool = False, mask: bool = False,
-                 outputs: Sequence[bool] = (True, False, False, False)):
+                 lengths: bool = False, outputs: Sequence[bool] = (True, False, False, False)):
         super().__init__()
+        if mask and lengths:
+            raise ValueError("a looped layer takes either a mask or lengths, not both")
         self.layer = layer
-        self.initial_h, self.initial_c, self.mask = initial_h, initial_c, mask
+        self.initial_h, self.initial_c, self.mask, self.lengths = initial_h, initial_c, mask, lengths
         self.outputs = tuple(outputs)
 
     def forward(self, x: Tensor, *args: Tensor):
@@ -260,6 +264,10 @@ class LoopedRecurrent(Module):
             if mask.dim() != 3 or mask.shape[-1] != 1:  # the body broadcast it over the features
                 raise ValueError(f"the mask must be [T, N, 1], got {list(mask.shape)}")
             mask = mask.squeeze(-1)
+        if self.lengths:
+            lengths = args.pop(0)
+            mask = (torch.arange(x.shape[0], device=x.device)[:, None] < lengths.to(x.device)[None, :]).expand(
+                x.shape[0], x.shape[1])  # one length for every row broadcasts, as in the body
         result = self.layer(x, initial_h=None if h0 is None else h0.unsqueeze(0),
                             initial_c=None if c0 is None else c0.unsqueeze(0), mask=mask)
         y, h, c = (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
@@ -273,7 +281,7 @@ class LoopedRecurrent(Module):
         return results
 
     def extra_repr(self) -> str:
-        flags = [name for name in ("initial_h", "initial_c", "mask") if getattr(self, name)]
+        flags = [name for name in ("initial_h", "initial_c", "mask", "lengths") if getattr(self, name)]
         return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"])
 
 
