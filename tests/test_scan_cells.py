@@ -1,0 +1,192 @@
+"""Recognition of Scans of one cell step (onnx2torch_rnn/passes/scans.py): tf2onnx's TF1 dynamic_rnn cells.
+
+Which cell each fusable Scan becomes with which attributes (TF1's BasicRNNCell, GRUCell reset before the product,
+LSTMCell with peepholes, dynamic_rnn with sequence_length, both halves of a bidirectional_dynamic_rnn, a scan read and
+written backwards), the refused ones (cell_clip, num_proj, MultiRNNCell) staying Scans, near-misses that must stay
+Scans, and torch.export with dynamic batch and time; every model matches onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+import onnx2torch_rnn
+from onnx2torch_rnn.modules.control_flow import Scan
+from onnx2torch_rnn.recurrent import LoopedRecurrent
+from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
+
+KERAS = MODELS / "keras"
+MANIFEST = read_manifest(KERAS)
+ENTRIES = {e["file"]: e for e in MANIFEST["models"]}
+# case -> (ONNX op, activations, linear_before_reset, peepholes, lengths), one per Scan
+FUSED = {
+    "basic_rnn_cell": ("RNN", ["Tanh"], 0, False, False),
+    "gru_cell": ("GRU", ["Sigmoid", "Tanh"], 0, False, False),
+    "bi_gru_cell": ("GRU", ["Sigmoid", "Tanh"], 0, False, False),
+    "lstm_peepholes": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0, True, False),
+    "lstm_sequence_length": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0, False, True),
+}
+REFUSED = ("lstm_cell_clip", "lstm_projection", "multi_cell")
+
+
+def looped(module) -> list[LoopedRecurrent]:
+    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
+
+
+def scans(module) -> int:
+    return sum(isinstance(m, Scan) for m in module.modules())
+
+
+def input_sets(file: str) -> list[dict[str, np.ndarray]]:
+    return manifest_input_sets(KERAS, ENTRIES[file], MANIFEST["sizes"])
+
+
+def test_the_manifest_has_every_case():
+    assert {e["case"] for e in MANIFEST["models"] if e["file"].startswith("tf_v1_")} == {*FUSED, *REFUSED}
+
+
+@pytest.mark.parametrize("case", sorted(FUSED))
+def test_each_fusable_scan_becomes_its_cell(case):
+    file = f"tf_v1_{case}.onnx"
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    op, activations, linear_before_reset, peepholes, lengths = FUSED[case]
+    cells = looped(module)
+    assert len(cells) == [n.op_type for n in model.graph.node].count("Scan") and not scans(module)
+    for cell in cells:
+        layer = cell.layer
+        assert type(layer).__name__ == f"Onnx{op}"
+        assert [a.name for a in layer.config.onnx_activations()] == activations
+        assert layer.config.linear_before_reset == bool(linear_before_reset)
+        assert (getattr(layer, "P", None) is not None) == peepholes
+        assert cell.lengths == lengths and not cell.mask
+        assert (layer.config.mask_output == "zero") == lengths
+        assert not cell.initial_h and not cell.initial_c  # tf2onnx's zero states are proven and dropped
+    for feeds in input_sets(file):  # the export's sizes and a second batch / time
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_cells_without_an_exact_onnx_op_stay_scans(case):
+    """cell_clip clips the cell state (ONNX's clip clips the gates' pre-activations), num_proj projects h (no ONNX
+    LSTM does), MultiRNNCell runs two cells in one step (not recognised yet)."""
+    file = f"tf_v1_{case}.onnx"
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    assert not looped(module) and scans(module) == 1
+    for feeds in input_sets(file):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def test_sequence_length_holds_states_and_zeroes_outputs_for_any_length():
+    """Lengths 0, in between, T and past T (TF runs every step): the final h is each row's last valid one."""
+    file = "tf_v1_lstm_sequence_length.onnx"
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    feeds = dict(input_sets(file)[-1])
+    x = feeds["x:0"]
+    steps, batch = x.shape[1], x.shape[0]
+    for lengths in ([0, 2, steps], [1, steps + 3, 0], [steps - 1] * batch):
+        feeds["lengths:0"] = np.resize(np.array(lengths, feeds["lengths:0"].dtype), batch)
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", ["gru_cell", "lstm_sequence_length"])
+def test_fused_scans_export_with_dynamic_batch_and_time(case):
+    file = f"tf_v1_{case}.onnx"
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    sets = input_sets(file)
+    names = list(sets[0])
+    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+    shapes = tuple({0: batch, 1: time} if v.ndim == 3 else {0: batch} for v in sets[0].values())
+    args = tuple(torch.from_numpy(sets[0][n]) for n in names)
+    exported = torch.export.export(module, args, dynamic_shapes=shapes).module()
+    for feeds in sets[1:]:
+        compare_with_onnxruntime(exported, model, feeds)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Near-misses: each changes one proven detail; the Scan must stay a Scan and the result still match.
+
+def _scan(model: onnx.ModelProto) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == "Scan")
+
+
+def _body(model: onnx.ModelProto) -> onnx.GraphProto:
+    return next(a.g for a in _scan(model).attribute if a.name == "body")
+
+
+def _extra_op_in_the_cell(model):
+    """A Sigmoid before the candidate's Tanh: tanh(sigmoid(.)) is no activation of an affine form."""
+    body = _body(model)
+    tanh = next(n for n in body.node if n.op_type == "Tanh")
+    body.node.insert(list(body.node).index(tanh), helper.make_node("Sigmoid", [tanh.input[0]], ["extra_sigmoid"]))
+    tanh.input[0] = "extra_sigmoid"
+
+
+def _reversed_input(model):
+    """The scan reads x from the last step to the first but writes y forwards: ONNX's reverse y flipped."""
+    _scan(model).attribute.append(helper.make_attribute("scan_input_directions", [1]))
+
+
+def _reversed_output(model):
+    """The scan writes y from the last step to the first but reads x forwards: the forward y flipped."""
+    _scan(model).attribute.append(helper.make_attribute("scan_output_directions", [1]))
+
+
+def _reversed_scan(model):
+    """Both reversed: ONNX's reverse direction (see below), but not with sequence_length (it counts scan steps)."""
+    _reversed_input(model)
+    _reversed_output(model)
+
+
+def _input_axis(model):
+    """x scanned along axis 0 written as -3: refused as any axis but 0."""
+    _scan(model).attribute.append(helper.make_attribute("scan_input_axes", [-3]))
+
+
+def _shared_weight(model):
+    """The kernel is also a graph output: a fused copy would untie it."""
+    kernel = next(t for t in model.graph.initializer if "kernel" in t.name and len(t.dims) == 2)
+    model.graph.node.append(helper.make_node("Identity", [kernel.name], ["kernel_out"]))
+    model.graph.output.append(helper.make_tensor_value_info("kernel_out", onnx.TensorProto.FLOAT, [None, None]))
+
+
+def _counter_from_one(model):
+    """The step counter starts at 1: with sequence_length every row's steps would shift by one."""
+    scan = _scan(model)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1, np.int32), "one"))
+    scan.input[0] = "one"
+
+
+@pytest.mark.parametrize(("file", "change"), [
+    ("tf_v1_gru_cell.onnx", _extra_op_in_the_cell), ("tf_v1_gru_cell.onnx", _reversed_input),
+    ("tf_v1_gru_cell.onnx", _reversed_output), ("tf_v1_gru_cell.onnx", _shared_weight),
+    ("tf_v1_gru_cell.onnx", _input_axis), ("tf_v1_lstm_sequence_length.onnx", _reversed_scan),
+    ("tf_v1_lstm_sequence_length.onnx", _shared_weight), ("tf_v1_lstm_sequence_length.onnx", _counter_from_one),
+    ("tf_v1_lstm_peepholes.onnx", _extra_op_in_the_cell)])
+def test_near_misses_stay_scans_and_still_match(file, change):
+    model = onnx.load(KERAS / file)
+    change(model)
+    module = onnx2torch_rnn.convert(model)
+    assert not looped(module) and scans(module) == 1
+    for feeds in input_sets(file):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.parametrize("case", ["basic_rnn_cell", "lstm_peepholes"])
+def test_a_scan_read_and_written_backwards_is_the_reverse_direction(case):
+    file = f"tf_v1_{case}.onnx"
+    model = onnx.load(KERAS / file)
+    _reversed_scan(model)
+    module = onnx2torch_rnn.convert(model)
+    (cell,) = looped(module)
+    assert cell.layer.config.direction == "reverse" and not scans(module)
+    for feeds in input_sets(file):
+        compare_with_onnxruntime(module, model, feeds)
