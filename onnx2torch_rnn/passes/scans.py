@@ -38,9 +38,7 @@ def _direction(scan: onnx.NodeProto) -> str | None:
 
 @dataclass(frozen=True)
 class _Past:
-    """``step >= lengths``, [N] (``negated``: ``step < lengths``): a mask once reshaped to [N, 1]."""
-
-    negated: bool = False
+    """``step >= lengths`` [N]: where a row's steps are over, the negated mask once reshaped to [N, 1]."""
 
 
 class _ScanEvaluator(_Evaluator):
@@ -67,7 +65,7 @@ class _ScanEvaluator(_Evaluator):
 
     def _Reshape(self, node, a, shape):
         if isinstance(a, _Past) and isinstance(shape, np.ndarray) and shape.tolist() == [-1, 1]:
-            return [Mask(negated=not a.negated)]
+            return [Mask(negated=True)]
         return None
 
 
