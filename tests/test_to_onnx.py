@@ -41,11 +41,11 @@ pytestmark = [pytest.mark.compile,  # and torch.onnx's own deprecation warnings:
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")]
 
 # model -> why to_onnx refuses it (a regex on the error); the error must name the node
-# a recognised Keras layer with a mask: ONNX's LSTM/GRU have no per-step mask (the custom-cell Loops and the TF1
-# Scans export as torch's while_loop and take the whole trip)
-MASKED = r"^(LSTM|GRU) loop node '[^']+': torch.onnx cannot translate .*: a masked (LSTM|GRU) has no ONNX"
+# a recognised Keras layer with a mask, or a TF1 cell with sequence_length: ONNX's LSTM/GRU have no per-step mask
+# (the custom-cell Loops and the unrecognised TF1 Scans export as torch's while_loop and take the whole trip)
+MASKED = r"^(LSTM|GRU) (loop|scan) node '[^']+': torch.onnx cannot translate .*: a masked (LSTM|GRU) has no ONNX"
 KERAS_MASKED = ["keras3_embedding_mask_lstm", "keras3_masking_gru", "keras3_tagger", "tf_keras_embedding_mask_lstm",
-                "tf_keras_masking_gru", "tf_keras_tagger"]
+                "tf_keras_masking_gru", "tf_keras_tagger", "tf_v1_lstm_sequence_length"]
 EXPECTED_REFUSALS = {f"keras/{name}.onnx": MASKED for name in KERAS_MASKED}
 
 def _cases() -> list:
@@ -123,8 +123,8 @@ def test_exporter_model_round_trips(folder, entry, sizes, tmp_path):
     written = onnx.load(path)
     static = {name: size for name, size in options["dims"].items() if name not in options["dynamic"]}
     assert interface(written) == interface(model, static)
-    # a recognised Loop of one cell step comes back as that cell's ONNX op
-    cells = sum(n.meta.get("onnx", {}).get("pattern") == "loop_cells" for n in module.graph.nodes)
+    # a recognised Loop or Scan of one cell step comes back as that cell's ONNX op
+    cells = sum(n.meta.get("onnx", {}).get("pattern") in ("loop_cells", "scan_cells") for n in module.graph.nodes)
     assert recurrent_nodes(written) == summary.recurrent_nodes == recurrent_nodes(model) + cells
     assert min(recorded(module).opset, 18) <= summary.opset == written.opset_import[0].version <= 18
     tolerance = FLOAT16_TOLERANCE if has_float16(model) else {"rtol": 1e-4, "atol": 1e-5}
