@@ -312,3 +312,11 @@ __all__ = ["CONV_CASES", "TensorProto", "assert_float_only", "check", "check_ref
            "floats", "helper", "initializers_to_inputs", "integers", "make_model", "pairwise", "parametrize_pairwise",
            "perturbed", "random_inputs", "recurrent_modules", "registry_restored", "run_onnxruntime", "run_torch",
            "single_node", "tensor_type", "weighted_model"]
+
+
+def sigmoid_before_first_tanh(body: onnx.GraphProto) -> None:
+    """A near-miss for cell recognition: a Sigmoid inserted before the body's first Tanh (tanh(sigmoid(.)) is no
+    activation of an affine form, so the cell must not be recognised)."""
+    tanh = next(n for n in body.node if n.op_type == "Tanh")
+    body.node.insert(list(body.node).index(tanh), onnx.helper.make_node("Sigmoid", [tanh.input[0]], ["extra_sigmoid"]))
+    tanh.input[0] = "extra_sigmoid"

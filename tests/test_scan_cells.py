@@ -18,6 +18,7 @@ import onnx2torch_rnn
 from onnx2torch_rnn.modules.control_flow import Scan
 from onnx2torch_rnn.recurrent import LoopedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
+from tests.helpers import sigmoid_before_first_tanh
 
 KERAS = MODELS / "keras"
 MANIFEST = read_manifest(KERAS)
@@ -123,11 +124,7 @@ def _body(model: onnx.ModelProto) -> onnx.GraphProto:
 
 
 def _extra_op_in_the_cell(model):
-    """A Sigmoid before the candidate's Tanh: tanh(sigmoid(.)) is no activation of an affine form."""
-    body = _body(model)
-    tanh = next(n for n in body.node if n.op_type == "Tanh")
-    body.node.insert(list(body.node).index(tanh), helper.make_node("Sigmoid", [tanh.input[0]], ["extra_sigmoid"]))
-    tanh.input[0] = "extra_sigmoid"
+    sigmoid_before_first_tanh(_body(model))
 
 
 def _reversed_input(model):

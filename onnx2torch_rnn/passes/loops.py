@@ -826,12 +826,19 @@ def loop_cells(view: GraphView):
     """tf2onnx's Loops over time of one LSTM / GRU / SimpleRNN cell step (Keras layers, masked or not)."""
     for node in view.nodes:
         match = _match(view, node) if _op(node, "Loop") else None
-        if match is None:
-            continue
-        runtime = [match.x, *(match.initial.get(r) for r in ("h", "c") if r in match.initial)]
-        runtime += [match.mask] if match.mask else []
-        yield Fusion("loop_cells", f"{match.cell.op_type} loop", [node], runtime, match.outputs,
-                     lambda ctx, match=match: _convert(ctx, match))
+        if match is not None:
+            yield fusion("loop_cells", f"{match.cell.op_type} loop", node, match)
+
+
+def fusion(pattern: str, op_type: str, node: onnx.NodeProto, match: _Match) -> Fusion:
+    """The fusion of a loop (or scan) ``node`` whose body ``match`` proved one cell step."""
+    return Fusion(pattern, op_type, [node], _runtime(match), match.outputs, lambda ctx: _convert(ctx, match))
+
+
+def _runtime(match: _Match) -> list[str]:
+    """What the fused module reads at run time: x, the initial states that are not zeros, the mask (or lengths)."""
+    states = [match.initial[r] for r in ("h", "c") if r in match.initial]
+    return [match.x, *states, *([match.mask] if match.mask else [])]
 
 
 def _convert(ctx, match: _Match) -> Converted:
@@ -856,5 +863,4 @@ def _convert(ctx, match: _Match) -> Converted:
                         dtype=dtype, mask_output=match.mask_output)
     module = LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
                              mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted)
-    runtime = [match.x, *(match.initial[r] for r in ("h", "c") if r in match.initial)]
-    return Converted(module, runtime + ([match.mask] if match.mask else []))
+    return Converted(module, _runtime(match))

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from . import Fusion, GraphView, attribute, register_pattern
-from .loops import Atom, Form, Mask, Outer, Step, _cell_match, _convert, _Evaluator, _leaf, _Match, _zero
+from . import GraphView, attribute, register_pattern
+from .loops import Atom, Form, Mask, Outer, Step, _cell_match, _Evaluator, _leaf, _Match, _zero, fusion
 from .stacked import _op, _rank
 
 
@@ -108,9 +108,5 @@ def scan_cells(view: GraphView):
     """tf2onnx's Scans over time of one TF1 RNN / GRU / LSTM cell step (dynamic_rnn, with sequence_length or not)."""
     for node in view.nodes:
         match = _match(view, node) if _op(node, "Scan") else None
-        if match is None:
-            continue
-        runtime = [match.x, *(match.initial.get(r) for r in ("h", "c") if r in match.initial)]
-        runtime += [match.mask] if match.mask else []
-        yield Fusion("scan_cells", f"{match.cell.op_type} scan", [node], runtime, match.outputs,
-                     lambda ctx, match=match: _convert(ctx, match))
+        if match is not None:
+            yield fusion("scan_cells", f"{match.cell.op_type} scan", node, match)
