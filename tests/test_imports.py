@@ -1,4 +1,4 @@
-"""The package's modules import each other without cycles.
+"""The package's modules import each other without cycles, and no function in it is over 80 lines.
 
 The graph is read from the source with ast: an edge for every import of a module of the package, at module level or
 inside a function. An import inside a function (deferred) runs later, but a cycle it closes is still a cycle: the
@@ -106,3 +106,26 @@ def test_the_cycle_check_sees_deferred_and_package_imports():
     assert f"{PACKAGE}.builder" in graph[f"{PACKAGE}.cli"]  # inside a function
     assert find_cycle({"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b": 1}, "b": {}, "c": {"a": 2, "b": 3}}) is None
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(source: str) -> list[tuple[str, int, int]]:
+    """(name, first line, length) of every function or method over MAX_FUNCTION_LINES lines."""
+    return [(node.name, node.lineno, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_is_over_80_lines():
+    """Functions that need more are doing several things: each should be its own function."""
+    found = [f"{path.relative_to(ROOT.parent)}:{line} {name} ({length} lines)"
+             for path in modules().values() for name, line, length in long_functions(path.read_text())]
+    assert not found, "\n".join(found)
+
+
+def test_the_length_check_sees_a_long_function():
+    body = "\n".join(f"    x{k} = {k}" for k in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def long():\n{body}\n") == [("long", 1, MAX_FUNCTION_LINES + 1)]
+    assert long_functions(f"def short():\n{body[:-len(body.splitlines()[-1]) - 1]}\n") == []
