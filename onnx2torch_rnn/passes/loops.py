@@ -8,7 +8,7 @@ cell step and writes the output as a scan output. The step count is read from th
 The body is evaluated symbolically (``_Evaluator``): every value of the step is an affine form ``sum(atom @ M) + b``
 over atoms (the step's input, the states, and each non-linear value: an activation, a product of two forms, a form
 selected by the mask), with the weights' values folded into the matrices. A cell is recognised when the states'
-new values have exactly the LSTM, GRU (either reset placement) or RNN equations over such forms (``_cell``); its
+new values have exactly the LSTM, GRU (either reset placement) or RNN equations over such forms (``_cell_match``); its
 ONNX weights are then read off the matrices. What is proven before anything fires: the loop runs exactly T = dim 0
 of the gathered input times (trip count and conditions); every carried value is a counter, a pass-through, or a state
 whose update is the cell's (or, with a mask, the cell's where the mask is true and the old value where it is false);
