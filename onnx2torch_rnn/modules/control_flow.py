@@ -63,15 +63,18 @@ def _while(step: Callable, limit: torch.Tensor | None, honour_cond: bool, cond: 
         go = i < last if bounded else i >= 0
         return go & c if honour_cond else go
 
+    # The buffers travel flat: torch 2.14's while_loop gives a carried tensor's outer strides unbacked symbols that
+    # a buffer the body rewrites (contiguous, strides from its sizes) would not match; a 1-D tensor's stride is 1.
     def body_fn(i, c, last, *values):
         c, new_state, scans = step(i, c, *values[:n])
-        written = [b.index_copy(0, i.reshape(1), s.unsqueeze(0)) for b, s in zip(values[n:], scans, strict=True)]
+        written = [b.view(-1, *s.shape).index_copy(0, i.reshape(1), s.unsqueeze(0)).reshape(-1)
+                   for b, s in zip(values[n:], scans, strict=True)]
         return (i + 1, _fixed(c.reshape(()).to(torch.bool)), last.clone(), *(_fixed(s) for s in new_state), *written)
 
     start = torch.zeros((), dtype=torch.int64, device=cond.device)
-    carried = (start, _fixed(cond), _fixed(limit), *(_fixed(s) for s in state), *buffers)
+    carried = (start, _fixed(cond), _fixed(limit), *(_fixed(s) for s in state), *(b.reshape(-1) for b in buffers))
     out = torch_compat.while_loop(cond_fn, body_fn, carried)
-    return out[0], out[3 : 3 + n], out[3 + n :]
+    return out[0], out[3 : 3 + n], [b.view(buffer.shape) for b, buffer in zip(out[3 + n :], buffers, strict=True)]
 
 
 def _buffers(rows, scans: Sequence[torch.Tensor]) -> list[torch.Tensor]:
