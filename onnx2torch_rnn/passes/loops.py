@@ -484,10 +484,15 @@ def _lstm(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
     return None
 
 
+def _one_state(states: dict[int, Atom]) -> tuple[int, Atom] | None:
+    """(index, atom) of the only state (a GRU's or an RNN's h), else None."""
+    return next(iter(states.items())) if len(states) == 1 else None
+
+
 def _gru(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
-    if len(states) != 1:
+    if _one_state(states) is None:
         return None
-    (h, state), = states.items()
+    h, state = _one_state(states)
     products = _products(new[h])
     if products is None or len(products) != 2:
         return None
@@ -527,7 +532,7 @@ def _reset(state: Atom, update: tuple, hidden: tuple) -> _Cell | None:
         r_act, r_form = _activated(other)
         h_gate = _add(rest, Form({state: form.terms[resets[0]]}))
         return _Cell("GRU", [update[1], r_form, h_gate], [update[0], g_act], 0) if r_act == update[0] else None
-    if form.terms[resets[0]] != 1.0:
+    if not (isinstance(form.terms[resets[0]], float) and form.terms[resets[0]] == 1.0):  # r * (h Rh + br) as is
         return None
     for r, linear in (product, product[::-1]):
         reset = _activated(r)
@@ -538,9 +543,9 @@ def _reset(state: Atom, update: tuple, hidden: tuple) -> _Cell | None:
 
 
 def _rnn(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
-    if len(states) != 1:
+    if _one_state(states) is None:
         return None
-    (h, _), = states.items()
+    h, _ = _one_state(states)
     activated = _activated(new[h])
     if activated is None:  # no activation (Keras activation=None): Affine(1, 0)
         return _Cell("RNN", [new[h]], [("Affine", 1.0, 0.0)], h)
