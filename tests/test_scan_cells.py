@@ -2,8 +2,8 @@
 
 Which cell each fusable Scan becomes with which attributes (TF1's BasicRNNCell, GRUCell reset before the product,
 LSTMCell with peepholes, dynamic_rnn with sequence_length, both halves of a bidirectional_dynamic_rnn, a scan read and
-written backwards), the refused ones (cell_clip, num_proj, MultiRNNCell) staying Scans, near-misses that must stay
-Scans, and torch.export with dynamic batch and time; every model matches onnxruntime.
+written backwards, MultiRNNCell's cells as layers in turn), the refused ones (cell_clip, num_proj) staying Scans,
+near-misses that must stay Scans, and torch.export with dynamic batch and time; every model matches onnxruntime.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 import onnx2torch_rnn
 from onnx2torch_rnn.modules.control_flow import Scan
-from onnx2torch_rnn.recurrent import LoopedRecurrent
+from onnx2torch_rnn.recurrent import LoopedRecurrent, LoopedStack
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
 from tests.helpers import sigmoid_before_first_tanh
 
@@ -31,7 +31,7 @@ FUSED = {
     "lstm_peepholes": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0, True, False),
     "lstm_sequence_length": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0, False, True),
 }
-REFUSED = ("lstm_cell_clip", "lstm_projection", "multi_cell")
+REFUSED = ("lstm_cell_clip", "lstm_projection")
 
 
 def looped(module) -> list[LoopedRecurrent]:
@@ -47,7 +47,7 @@ def input_sets(file: str) -> list[dict[str, np.ndarray]]:
 
 
 def test_the_manifest_has_every_case():
-    assert {e["case"] for e in MANIFEST["models"] if e["file"].startswith("tf_v1_")} == {*FUSED, *REFUSED}
+    assert {e["case"] for e in MANIFEST["models"] if e["file"].startswith("tf_v1_")} == {*FUSED, *REFUSED, "multi_cell"}
 
 
 @pytest.mark.parametrize("case", sorted(FUSED))
@@ -74,7 +74,7 @@ def test_each_fusable_scan_becomes_its_cell(case):
 @pytest.mark.parametrize("case", REFUSED)
 def test_cells_without_an_exact_onnx_op_stay_scans(case):
     """cell_clip clips the cell state (ONNX's clip clips the gates' pre-activations), num_proj projects h (no ONNX
-    LSTM does), MultiRNNCell runs two cells in one step (not recognised yet)."""
+    LSTM does)."""
     file = f"tf_v1_{case}.onnx"
     model = onnx.load(KERAS / file)
     module = onnx2torch_rnn.convert(model)
@@ -186,4 +186,133 @@ def test_a_scan_read_and_written_backwards_is_the_reverse_direction(case):
     (cell,) = looped(module)
     assert cell.layer.config.direction == "reverse" and not scans(module)
     for feeds in input_sets(file):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MultiRNNCell: the cells of one step become looped layers in turn (one LoopedStack), each reading the previous
+# layer's y.
+
+MULTI = "tf_v1_multi_cell.onnx"  # MultiRNNCell([LSTMCell(5), GRUCell(4)])
+
+
+def _with_sequence_length(model):
+    """dynamic_rnn(MultiRNNCell, sequence_length=lengths:0) as tf2onnx writes a cell's (tf_v1_lstm_sequence_length):
+    where the step counter is >= a row's length every state keeps its value and y is zero, by Mul and Add."""
+    scan, body = _scan(model), _body(model)
+    carried = len(scan.input) - 1
+    counters = [k for k in range(carried) if scan.input[k] == "rnn/time:0"]
+    zeros = next(v for v in scan.input[:carried] if "GRUCellZeroState" in v)  # [N, 4], what y is where a row is past
+    model.graph.input.append(helper.make_tensor_value_info("lengths:0", onnx.TensorProto.INT32, ["batch"]))
+    body.initializer.append(numpy_helper.from_array(np.array([-1, 1], np.int64), "column"))
+    float_ = onnx.TensorProto.FLOAT
+    body.node.extend([helper.make_node("GreaterOrEqual", [body.input[counters[0]].name, "lengths:0"], ["past_row"]),
+                      helper.make_node("Reshape", ["past_row", "column"], ["past"]),
+                      helper.make_node("Not", ["past"], ["valid"]),
+                      helper.make_node("Cast", ["past"], ["past_f"], to=float_),
+                      helper.make_node("Cast", ["valid"], ["valid_f"], to=float_)])
+    for k, output in enumerate(body.output):
+        if k in counters:
+            continue
+        kept = body.input[k].name if k < carried else zeros
+        body.node.extend([helper.make_node("Mul", ["past_f", kept], [f"kept_{k}"]),
+                          helper.make_node("Mul", [output.name, "valid_f"], [f"new_{k}"]),
+                          helper.make_node("Add", [f"kept_{k}", f"new_{k}"], [f"selected_{k}"])])
+        output.name = f"selected_{k}"
+    onnx.checker.check_model(model)
+
+
+def _multi_input_sets(lengths: bool) -> list[dict[str, np.ndarray]]:
+    sets = input_sets(MULTI)
+    if lengths:  # 0, past T, and in between
+        for feeds in sets:
+            steps, batch = feeds["x:0"].shape[1], feeds["x:0"].shape[0]
+            feeds["lengths:0"] = np.resize(np.array([steps - 2, 0, steps + 3], np.int32), batch)
+    return sets
+
+
+def _multi_model(lengths: bool) -> onnx.ModelProto:
+    model = onnx.load(KERAS / MULTI)
+    if lengths:
+        _with_sequence_length(model)
+    return model
+
+
+@pytest.mark.parametrize("lengths", [False, True])
+def test_multi_rnn_cell_scans_become_their_cells_in_turn(lengths):
+    model = _multi_model(lengths)
+    module = onnx2torch_rnn.convert(model)
+    (stack,) = [m for m in module.modules() if isinstance(m, LoopedStack)]
+    assert [type(layer.layer).__name__ for layer in stack.layers] == ["OnnxLSTM", "OnnxGRU"]
+    assert [layer.layer.config.hidden_size for layer in stack.layers] == [5, 4]
+    assert stack.layers[1].layer.config.linear_before_reset is False  # GRUCell resets before the product
+    assert all(layer.lengths == lengths and not layer.initial_h for layer in stack.layers)
+    assert len(looped(module)) == 2 and not scans(module)
+    for feeds in _multi_input_sets(lengths):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("lengths", [False, True])
+def test_multi_rnn_cell_exports_with_dynamic_batch_and_time_and_compiles_in_one_graph(lengths):
+    model = _multi_model(lengths)
+    module = onnx2torch_rnn.convert(model)
+    sets = _multi_input_sets(lengths)
+    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+    shapes = tuple({0: batch, 1: time} if v.ndim == 3 else {0: batch} for v in sets[0].values())
+    args = tuple(torch.from_numpy(v) for v in sets[0].values())
+    exported = torch.export.export(module, args, dynamic_shapes=shapes).module()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True, backend="eager")
+    for feeds in sets[1:]:
+        for runner in (exported, compiled):
+            compare_with_onnxruntime(runner, model, feeds)
+
+
+def test_multi_rnn_cell_fused_and_literal_train_alike():
+    """The layers' weights are the Scan's kernels rearranged: the same loss and the same gradient at the input."""
+    feeds = input_sets(MULTI)[0]
+    losses, grads = [], []
+    for fuse in (True, False):
+        module = onnx2torch_rnn.convert(KERAS / MULTI, fuse=fuse)
+        assert bool(looped(module)) == fuse
+        x = torch.from_numpy(feeds["x:0"]).requires_grad_()
+        loss = module(x).square().sum()
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(x.grad)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_a_multi_rnn_cell_scan_read_and_written_backwards_runs_each_layer_in_reverse():
+    model = onnx.load(KERAS / MULTI)
+    _reversed_scan(model)
+    module = onnx2torch_rnn.convert(model)
+    assert [cell.layer.config.direction for cell in looped(module)] == ["reverse", "reverse"] and not scans(module)
+    for feeds in input_sets(MULTI):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def _second_cell_reads(value: str):
+    """The GRU's kernels read ``value`` where they read the LSTM's new h."""
+    def change(model):
+        body = _body(model)
+        lstm_concat = next(n for n in body.node if n.op_type == "Concat")  # [x, h]
+        for node in body.node:
+            if node.op_type == "Concat" and "gru_cell" in node.name:
+                node.input[0] = {"x": lstm_concat.input[0], "old h": lstm_concat.input[1]}[value]
+    change.__name__ = f"_second_cell_reads_{value.replace(' ', '_')}"
+    return change
+
+
+@pytest.mark.parametrize("change", [_second_cell_reads("old h"), _second_cell_reads("x"), _extra_op_in_the_cell,
+                                    _shared_weight])
+def test_multi_rnn_cell_near_misses_stay_scans_and_still_match(change):
+    """A second cell reading the first one's h from before the step, or x (two cells side by side, not in turn), is
+    no stack of layers; nor is a first cell with an extra op, or a kernel read elsewhere."""
+    model = onnx.load(KERAS / MULTI)
+    change(model)
+    module = onnx2torch_rnn.convert(model)
+    assert not looped(module) and scans(module) == 1
+    for feeds in input_sets(MULTI):
         compare_with_onnxruntime(module, model, feeds)

@@ -109,7 +109,14 @@ def _form_width(f: Form) -> int | None:
     if atom is not None and atom.kind in _ELEMENTWISE:
         return _form_width(atom.args[-1])
     widths = {_width(m) for m in f.terms.values()} | ({f.bias.shape[-1]} if np.ndim(f.bias) else set())
+    widths |= {_product_width(a) for a, m in f.terms.items() if a.kind == "mul" and isinstance(m, float)}
     widths.discard(None)
+    return widths.pop() if len(widths) == 1 else None
+
+
+def _product_width(atom: Atom) -> int | None:
+    """The width of a product: its factors' where one is known and above 1 (a width-1 factor broadcasts)."""
+    widths = {_form_width(f) for f in atom.args} - {None, 1}
     return widths.pop() if len(widths) == 1 else None
 
 
@@ -520,7 +527,10 @@ def _gru(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
 
 def _reset(state: Atom, update: tuple, hidden: tuple) -> _Cell | None:
     """The h gate of a GRU: g(x Wh + (r * h) Rh + b) or, linear before reset, g(x Wh + bw + r * (h Rh + br))."""
-    (g_act, form), resets = hidden, [a for a in hidden[1].terms if a.kind == "mul"]
+    # the reset is the product with a factor in h alone; other products are inputs (a MultiRNNCell's previous cell's
+    # o * tanh(c)), which _weights accepts only as the cell's x
+    (g_act, form), resets = hidden, [a for a in hidden[1].terms if a.kind == "mul" and any(
+        f.terms and all(t is state for t in f.terms) for f in a.args)]
     if len(resets) != 1:
         return None
     product = resets[0].args
@@ -762,9 +772,8 @@ def _match(view: GraphView, loop: onnx.NodeProto) -> _Match | None:
     return _cell_match(view, loop, evaluator, states, [env.get(o.name) for o in body.output], outer_outputs, inits)
 
 
-def _cell_match(view, loop, evaluator, states, body_values, outer_outputs, inits) -> _Match | None:
-    """The match of a body whose values are ``body_values`` (a Loop's: condition, carried values, scan outputs)
-    with carried values ``states`` (their initial values ``inits``) into the node's ``outer_outputs``."""
+def _new_and_old(evaluator, states, body_values) -> tuple[dict, dict] | None:
+    """Each state's new value and, with a mask, the value a masked step keeps (None: zero)."""
     new, old = {}, {}
     for k in states:
         value = body_values[1 + k]
@@ -773,6 +782,16 @@ def _cell_match(view, loop, evaluator, states, body_values, outer_outputs, inits
         if selected is None:
             return None
         new[k], old[k] = selected
+    return new, old
+
+
+def _cell_match(view, loop, evaluator, states, body_values, outer_outputs, inits) -> _Match | None:
+    """The match of a body whose values are ``body_values`` (a Loop's: condition, carried values, scan outputs)
+    with carried values ``states`` (their initial values ``inits``) into the node's ``outer_outputs``."""
+    selected = _new_and_old(evaluator, states, body_values)
+    if selected is None:
+        return None
+    new, old = selected
     # a state that only holds the output (masking keeps the previous output): its new value is another state's
     holders = [k for k in states if any(j != k and _same(new[k], new[j]) for j in states)]
     for holder in [None, *holders]:
@@ -847,6 +866,12 @@ def _runtime(match: _Match) -> list[str]:
 
 
 def _convert(ctx, match: _Match) -> Converted:
+    return Converted(looped(match), _runtime(match))
+
+
+def looped(match: _Match, *, feeds_next: bool = False):
+    """The LoopedRecurrent module of ``match``; ``feeds_next``: its y is read by the next layer (scans.py's cell
+    chains), whether or not the graph reads it."""
     import torch
 
     from ..recurrent import LoopedRecurrent, OnnxGRU, OnnxLSTM, OnnxRNN
@@ -858,6 +883,7 @@ def _convert(ctx, match: _Match) -> Converted:
     alpha = [a for (_, a, _), n in zip(cell.activations, takes, strict=True) if n >= 1]
     beta = [b for (_, _, b), n in zip(cell.activations, takes, strict=True) if n == 2]
     wanted = [o is not None for o in match.outputs]  # y, h_n, c_n, last output
+    wanted[0] = wanted[0] or feeds_next
     layer_class = {"LSTM": OnnxLSTM, "GRU": OnnxGRU, "RNN": OnnxRNN}[cell.op_type]
     outputs = [wanted[0] or wanted[3], wanted[1], wanted[2]][:layer_class.cell.num_outputs]
     layer = layer_class(hidden_size=hidden, direction=match.direction, activations=[a[0] for a in cell.activations],
@@ -866,6 +892,5 @@ def _convert(ctx, match: _Match) -> Converted:
                         W=torch.tensor(W, dtype=dtype), R=torch.tensor(R, dtype=dtype),
                         B=torch.tensor(B, dtype=dtype), P=None if P is None else torch.tensor(P, dtype=dtype),
                         dtype=dtype, mask_output=match.mask_output)
-    module = LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
-                             mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted)
-    return Converted(module, _runtime(match))
+    return LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
+                           mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted)

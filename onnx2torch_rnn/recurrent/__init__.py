@@ -9,7 +9,8 @@
     op.py       the ``onnx2torch_rnn::recurrent`` torch op: kernel or Python implementation, fake (shape)
                 implementation, autograd for compiled training, the ONNX translation for export back
     module.py   OnnxLSTM / OnnxGRU / OnnxRNN: parameters, configuration, which path each call takes;
-                StackedRecurrent: layers in turn (what recognition makes of per-layer nodes with glue)
+                StackedRecurrent: layers in turn (what recognition makes of per-layer nodes with glue);
+                LoopedRecurrent / LoopedStack: one layer, or layers in turn, as a Loop or Scan body writes them
 
 Why this split: what a cell *is* (cells) is used by every layer below it; the Python recurrence (runtime) must not
 know about torch.library or modules, so the op, the quantized LSTM (modules/quantized.py) and the tests can all call
@@ -18,8 +19,8 @@ chooses. The converters (converters/recurrent.py) build modules from ONNX nodes.
 """
 
 from .cells import InvalidAttribute
-from .module import LoopedRecurrent, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent, StackedRecurrent
+from .module import LoopedRecurrent, LoopedStack, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent, StackedRecurrent
 from .op import onnx_translation_table
 
-__all__ = ["InvalidAttribute", "LoopedRecurrent", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent", "StackedRecurrent",
-           "onnx_translation_table"]
+__all__ = ["InvalidAttribute", "LoopedRecurrent", "LoopedStack", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent",
+           "StackedRecurrent", "onnx_translation_table"]

@@ -285,6 +285,30 @@ class LoopedRecurrent(Module):
         return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"])
 
 
+class LoopedStack(Module):
+    """Looped layers in turn, each reading the previous layer's y: a loop body that runs several cells per step (TF1's
+    MultiRNNCell, ``passes/scans.py``). Every layer but the last outputs y.
+
+    ``forward(x, *states, [mask | lengths])``: each layer's given initial states in layer order, then the mask or
+    lengths that every layer reads. Returns the last layer's y, then each layer's h_n and c_n (None where that
+    layer's ``outputs`` does not ask for them).
+    """
+
+    def __init__(self, layers: Sequence[LoopedRecurrent]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: Tensor, *args: Tensor):
+        args = list(args)
+        shared = [args.pop()] if self.layers[0].mask or self.layers[0].lengths else []
+        states = []
+        for layer in self.layers:
+            given = [args.pop(0) for _ in range(layer.initial_h + layer.initial_c)]
+            x, h, c, _ = layer(x, *given, *shared)
+            states += [h, c]
+        return (x, *states)
+
+
 def _joined(per_layer: list[Tensor | None]) -> Tensor | None:
     """The layers' final states as one [L*D, N, H] tensor (None when the layers do not compute them)."""
     if per_layer[0] is None:
