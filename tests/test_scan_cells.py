@@ -1,9 +1,10 @@
 """Recognition of Scans of one cell step (onnx2torch_rnn/passes/scans.py): tf2onnx's TF1 dynamic_rnn cells.
 
 Which cell each fusable Scan becomes with which attributes (TF1's BasicRNNCell, GRUCell reset before the product,
-LSTMCell with peepholes, dynamic_rnn with sequence_length, both halves of a bidirectional_dynamic_rnn, a scan read and
-written backwards, MultiRNNCell's cells as layers in turn), the refused ones (cell_clip, num_proj) staying Scans,
-near-misses that must stay Scans, and torch.export with dynamic batch and time; every model matches onnxruntime.
+LSTMCell with peepholes, dynamic_rnn with sequence_length, both halves of a bidirectional_dynamic_rnn, a scan reading
+x or writing y backwards or both, MultiRNNCell's cells as layers in turn), the refused ones (cell_clip, num_proj)
+staying Scans, near-misses that must stay Scans, and torch.export with dynamic batch and time; every model matches
+onnxruntime.
 """
 
 from __future__ import annotations
@@ -128,17 +129,17 @@ def _extra_op_in_the_cell(model):
 
 
 def _reversed_input(model):
-    """The scan reads x from the last step to the first but writes y forwards: ONNX's reverse y flipped."""
+    """The scan reads x from the last step to the first but writes y forwards."""
     _scan(model).attribute.append(helper.make_attribute("scan_input_directions", [1]))
 
 
 def _reversed_output(model):
-    """The scan writes y from the last step to the first but reads x forwards: the forward y flipped."""
+    """The scan writes y from the last step to the first but reads x forwards."""
     _scan(model).attribute.append(helper.make_attribute("scan_output_directions", [1]))
 
 
 def _reversed_scan(model):
-    """Both reversed: ONNX's reverse direction (see below), but not with sequence_length (it counts scan steps)."""
+    """Both reversed: ONNX's reverse direction (see below)."""
     _reversed_input(model)
     _reversed_output(model)
 
@@ -146,6 +147,13 @@ def _reversed_scan(model):
 def _input_axis(model):
     """x scanned along axis 0 written as -3: refused as any axis but 0."""
     _scan(model).attribute.append(helper.make_attribute("scan_input_axes", [-3]))
+
+
+def _reversed_input_and_output_axis(model):
+    """x read backwards and y written along axis 1: refused as any axis but 0."""
+    _reversed_input(model)
+    _scan(model).attribute.append(helper.make_attribute("scan_output_axes", [1]))
+    model.graph.node[-1].attribute[0].ints[:] = [0, 1, 2]  # y is now [N, T, H]: no Transpose back
 
 
 def _shared_weight(model):
@@ -163,9 +171,8 @@ def _counter_from_one(model):
 
 
 @pytest.mark.parametrize(("file", "change"), [
-    ("tf_v1_gru_cell.onnx", _extra_op_in_the_cell), ("tf_v1_gru_cell.onnx", _reversed_input),
-    ("tf_v1_gru_cell.onnx", _reversed_output), ("tf_v1_gru_cell.onnx", _shared_weight),
-    ("tf_v1_gru_cell.onnx", _input_axis), ("tf_v1_lstm_sequence_length.onnx", _reversed_scan),
+    ("tf_v1_gru_cell.onnx", _extra_op_in_the_cell), ("tf_v1_gru_cell.onnx", _shared_weight),
+    ("tf_v1_gru_cell.onnx", _input_axis), ("tf_v1_gru_cell.onnx", _reversed_input_and_output_axis),
     ("tf_v1_lstm_sequence_length.onnx", _shared_weight), ("tf_v1_lstm_sequence_length.onnx", _counter_from_one),
     ("tf_v1_lstm_peepholes.onnx", _extra_op_in_the_cell)])
 def test_near_misses_stay_scans_and_still_match(file, change):
@@ -175,6 +182,47 @@ def test_near_misses_stay_scans_and_still_match(file, change):
     assert not looped(module) and scans(module) == 1
     for feeds in input_sets(file):
         compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.parametrize("change", [_reversed_input, _reversed_output, _reversed_scan])
+@pytest.mark.parametrize("file", ["tf_v1_gru_cell.onnx", "tf_v1_lstm_sequence_length.onnx"])
+def test_a_scan_reading_or_writing_backwards_is_a_forward_recurrence_flipped(file, change):
+    """x read backwards: the forward layer over x flipped in time; y written backwards: its y flipped; both with
+    sequence_length (the lengths count the scan's steps, not x's): both flips."""
+    model = onnx.load(KERAS / file)
+    change(model)
+    module = onnx2torch_rnn.convert(model)
+    (cell,) = looped(module)
+    assert not scans(module)
+    if change is _reversed_scan and not cell.lengths:  # ONNX's reverse direction (below)
+        assert cell.layer.config.direction == "reverse" and not cell.x_backwards and not cell.y_backwards
+    else:
+        assert cell.layer.config.direction == "forward"
+        assert (cell.x_backwards, cell.y_backwards) == (change is not _reversed_output, change is not _reversed_input)
+    for feeds in input_sets(file):
+        compare_with_onnxruntime(module, model, feeds)
+    if cell.lengths:  # lengths 0, in between, past T
+        steps, batch = feeds["x:0"].shape[1], feeds["x:0"].shape[0]
+        feeds["lengths:0"] = np.resize(np.array([0, steps - 2, steps + 1], np.int32), batch)
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("change", [_reversed_input, _reversed_output])
+def test_flipped_scans_export_with_dynamic_batch_and_time_and_compile_in_one_graph(change):
+    file = "tf_v1_lstm_sequence_length.onnx"
+    model = onnx.load(KERAS / file)
+    change(model)
+    module = onnx2torch_rnn.convert(model)
+    sets = input_sets(file)
+    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+    shapes = tuple({0: batch, 1: time} if v.ndim == 3 else {0: batch} for v in sets[0].values())
+    exported = torch.export.export(module, tuple(torch.from_numpy(v) for v in sets[0].values()),
+                                   dynamic_shapes=shapes).module()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True, backend="eager")
+    for feeds in sets[1:]:
+        for runner in (exported, compiled):
+            compare_with_onnxruntime(runner, model, feeds)
 
 
 @pytest.mark.parametrize("case", ["basic_rnn_cell", "lstm_peepholes"])
@@ -290,6 +338,20 @@ def test_a_multi_rnn_cell_scan_read_and_written_backwards_runs_each_layer_in_rev
     module = onnx2torch_rnn.convert(model)
     assert [cell.layer.config.direction for cell in looped(module)] == ["reverse", "reverse"] and not scans(module)
     for feeds in input_sets(MULTI):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.parametrize("lengths", [False, True])
+@pytest.mark.parametrize("change", [_reversed_input, _reversed_output])
+def test_a_multi_rnn_cell_scan_reading_or_writing_backwards_flips_the_first_layer_x_or_the_last_y(change, lengths):
+    model = _multi_model(lengths)
+    change(model)
+    module = onnx2torch_rnn.convert(model)
+    first, second = looped(module)
+    assert not scans(module) and first.layer.config.direction == second.layer.config.direction == "forward"
+    assert (first.x_backwards, first.y_backwards) == (change is _reversed_input, False)
+    assert (second.x_backwards, second.y_backwards) == (False, change is _reversed_output)
+    for feeds in _multi_input_sets(lengths):
         compare_with_onnxruntime(module, model, feeds)
 
 

@@ -645,6 +645,8 @@ class _Match:
     outputs: list[str | None] = field(default_factory=list)  # y [T, N, H], h_n, c_n, the last output
     lengths: bool = False  # the mask is per-row lengths [N] (step t runs where t < length: scans.py)
     direction: str = "forward"  # "reverse": a Scan reading x and writing y from the last step to the first
+    x_backwards: bool = False  # a forward recurrence over x from its last step to its first (scans.py)
+    y_backwards: bool = False  # ... writing y from its last step to its first
 
 
 def _select(f: Form) -> tuple[Form, Form | None] | None:
@@ -893,4 +895,5 @@ def looped(match: _Match, *, feeds_next: bool = False):
                         B=torch.tensor(B, dtype=dtype), P=None if P is None else torch.tensor(P, dtype=dtype),
                         dtype=dtype, mask_output=match.mask_output)
     return LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
-                           mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted)
+                           mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted,
+                           x_backwards=match.x_backwards, y_backwards=match.y_backwards)

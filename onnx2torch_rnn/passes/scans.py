@@ -9,10 +9,12 @@ MatMul the concatenation ``[x, h]`` by one kernel (``Joined``), GRUCell resets b
 with the lengths (``t >= length``) and keeps every state and zeroes the output where it holds: the fused layer masks
 those steps (``LoopedRecurrent(lengths=True)``), exact for every length, where ONNX's sequence_lens is not (it
 rejects lengths above T and zeroes the states of an empty row). A Scan reading x and writing y backwards is ONNX's
-reverse direction. A MultiRNNCell runs several cells per step, each reading the previous one's new h: one
+reverse direction; one reading only x backwards, or writing only y backwards, or both with sequence_length, is a
+forward recurrence over x flipped in time and / or with its y flipped (``LoopedRecurrent(x_backwards,
+y_backwards)``). A MultiRNNCell runs several cells per step, each reading the previous one's new h: one
 LoopedRecurrent per cell, in turn (``LoopedStack``). Refused (the Scan stays): opset 8's Scan (batch axis, its own
-sequence_lens), scan axes other than 0, only one of x and y reversed, a reversed scan with sequence_length,
-cell_clip (clips the cell state, not ONNX's gate pre-activations) and num_proj (a projection).
+sequence_lens), scan axes other than 0, cell_clip (clips the cell state, not ONNX's gate pre-activations) and
+num_proj (a projection).
 """
 
 from __future__ import annotations
@@ -49,14 +51,15 @@ from .loops import (
 from .stacked import _op, _rank
 
 
-def _direction(scan: onnx.NodeProto) -> str | None:
-    """The ONNX direction of a Scan on axis 0 of its input and output: forward, or reverse where it reads x and writes
-    y both from the last step to the first (ONNX's reverse Y is in x's order); None otherwise (one of them reversed
-    would need y flipped)."""
+def _backwards(scan: onnx.NodeProto) -> tuple[bool, bool] | None:
+    """Whether a Scan on axis 0 of its input and output reads x, and writes y, from the last step to the first; None
+    for other axes or values."""
     if any(any(attribute(scan, name) or []) for name in ("scan_input_axes", "scan_output_axes")):
         return None
     reads, writes = (list(attribute(scan, name) or [0]) for name in ("scan_input_directions", "scan_output_directions"))
-    return {0: "forward", 1: "reverse"}.get(reads[0]) if reads == writes and len(reads) == 1 else None
+    if len(reads) != 1 or len(writes) != 1 or not {reads[0], writes[0]} <= {0, 1}:
+        return None
+    return bool(reads[0]), bool(writes[0])
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,8 @@ def _match(view: GraphView, scan: onnx.NodeProto) -> list[_Match] | None:
     body, scans = attribute(scan, "body"), attribute(scan, "num_scan_inputs")
     if view.opset(scan) < 9 or body is None or scans != 1:  # opset 8: a batch axis and its own sequence_lens
         return None
-    direction = _direction(scan)
-    if direction is None:
+    backwards = _backwards(scan)
+    if backwards is None:
         return None
     carried = len(scan.input) - scans
     inits, x = list(scan.input[:carried]), scan.input[carried]
@@ -124,10 +127,15 @@ def _match(view: GraphView, scan: onnx.NodeProto) -> list[_Match] | None:
     if matches is None:
         single = _cell_match(view, scan, evaluator, states, values, outer_outputs, inits)
         matches = None if single is None else [single]
-    if matches is None or (direction == "reverse" and matches[0].mask is not None):  # lengths count the scan's steps
+    if matches is None:
         return None
     for match in matches:
-        match.lengths, match.direction = match.mask is not None, direction
+        match.lengths = match.mask is not None
+    if backwards == (True, True) and not matches[0].lengths:  # ONNX's reverse direction: its Y is in x's order
+        for match in matches:
+            match.direction = "reverse"
+    else:  # a forward recurrence over x read backwards, writing y backwards (the lengths count the scan's steps)
+        matches[0].x_backwards, matches[-1].y_backwards = backwards
     return matches
 
 

@@ -243,19 +243,25 @@ class LoopedRecurrent(Module):
 
     ``forward(x, [initial_h], [initial_c], [mask | lengths])`` returns, as ``outputs`` asks: y [T, N, H], h_n, c_n
     and the last output (y's last step). With zero steps the states are the initial ones (the loop does not run).
+    ``x_backwards`` / ``y_backwards``: the loop reads x / writes y from the last step to the first (a Scan's
+    directions; the mask or lengths count the loop's steps).
     """
 
     def __init__(self, layer: Recurrent, *, initial_h: bool = False, initial_c: bool = False, mask: bool = False,
-                 lengths: bool = False, outputs: Sequence[bool] = (True, False, False, False)):
+                 lengths: bool = False, outputs: Sequence[bool] = (True, False, False, False),
+                 x_backwards: bool = False, y_backwards: bool = False):
         super().__init__()
         if mask and lengths:
             raise ValueError("a looped layer takes either a mask or lengths, not both")
         self.layer = layer
         self.initial_h, self.initial_c, self.mask, self.lengths = initial_h, initial_c, mask, lengths
         self.outputs = tuple(outputs)
+        self.x_backwards, self.y_backwards = x_backwards, y_backwards
 
     def forward(self, x: Tensor, *args: Tensor):
         args = list(args)
+        if self.x_backwards:
+            x = x.flip(0)
         h0 = args.pop(0) if self.initial_h else None
         c0 = args.pop(0) if self.initial_c else None
         mask = None
@@ -277,11 +283,14 @@ class LoopedRecurrent(Module):
         last = None
         if self.outputs[3]:
             last = y[-1] if y.shape[0] else y.new_zeros(y.shape[1:])
+        if self.y_backwards and y is not None:
+            y = y.flip(0)
         results = tuple(r if wanted else None for r, wanted in zip((y, h, c, last), self.outputs, strict=True))
         return results
 
     def extra_repr(self) -> str:
-        flags = [name for name in ("initial_h", "initial_c", "mask", "lengths") if getattr(self, name)]
+        flags = [name for name in ("initial_h", "initial_c", "mask", "lengths", "x_backwards", "y_backwards")
+                 if getattr(self, name)]
         return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"])
 
 
