@@ -309,6 +309,34 @@ def test_layers_whose_weights_are_computed_from_initializers_stack_too(file):
     assert check(model, seed=1) is not None
 
 
+PADDLE_STACKS = ["paddle2onnx_lstm_2layer_bidirectional.onnx", "paddle2onnx_gru_2layer_bidirectional.onnx"]
+
+
+@pytest.mark.parametrize("file", PADDLE_STACKS)
+def test_paddle_stacks_whose_final_states_are_the_last_layers_fuse(file):
+    """paddle2onnx's State outputs are the last layer's Y_h / Y_c, the other layers' are read by nothing: the stack
+    returns the last layer's final states alone (``last_states``), exactly what the graph computes."""
+    model = onnx.load(MODELS / "patterns" / file)
+    module = check(model)
+    (stack,) = stacks(module)
+    assert len(stack.layers) == 2 and stack.last_states and stack.batch_first and stack.batch_first_output
+    assert len([m for m in module.modules() if isinstance(m, Recurrent)]) == 2  # both inside the stack
+    check(model, seed=1)
+
+
+@pytest.mark.parametrize("file", PADDLE_STACKS)
+def test_a_paddle_stack_whose_first_layer_state_is_read_too_is_not_one_stack(file):
+    """The first layer's Y_h is also a graph output (not through a Concat of every layer's): h_n can be neither all
+    layers' nor the last one's, so the layers do not become one stack; the result still matches."""
+    model = onnx.load(MODELS / "patterns" / file)
+    first = next(n for n in model.graph.node if n.op_type in ("LSTM", "GRU"))
+    model.graph.node.append(helper.make_node("Identity", [first.output[1]], ["first_h"]))
+    model.graph.output.append(helper.make_tensor_value_info("first_h", onnx.TensorProto.FLOAT, [None] * 3))
+    module = check(model)
+    assert all(len(stack.layers) == 1 for stack in stacks(module))
+    check(model, seed=1)
+
+
 @pytest.mark.parametrize("file", ["keras3_bi_lstm_concat.onnx", "tf_keras_bi_lstm_concat.onnx"])
 def test_tf2onnx_bidirectional_layer_loses_its_glue(file):
     """tf2onnx's Bidirectional: zero states as a Concat of two Unsqueezed zeros, and the directions merged by a Slice

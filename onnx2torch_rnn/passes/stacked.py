@@ -7,9 +7,10 @@ Transpose(0, 2, 1, 3) -> Reshape(0, 0, -1) (two directions) or Squeeze(1) (one),
 Transpose back, and Concat of the layers' Y_h / Y_c. Other exporters vary it: dynamo computes the Reshape's target
 from the Transpose's shape and Expands a zero scalar; tf2onnx Unsqueezes zeros [N, H] (Concat of two for two
 directions), casts shapes to int32 and back, merges directions with a Slice and Squeeze each and a Concat, and turns
-time-major and back between layers; MXNet and paddle compute the weights from initializers;
-PackedSequence sorts the rows by length around the layers (TopK, Gathers by the permutation and its inverse). All of
-it becomes one StackedRecurrent (or, for one layer without glue, the layer's own module without its zero states).
+time-major and back between layers; MXNet and paddle compute the weights from initializers, and paddle2onnx's
+final states are the last layer's alone (the other layers' are read by nothing); PackedSequence sorts the rows by
+length around the layers (TopK, Gathers by the permutation and its inverse). All of it becomes one StackedRecurrent
+(or, for one layer without glue, the layer's own module without its zero states).
 
 What is proven before anything fires: every layer has constant weights (folded when the graph is built), layout 0
 and the same lengths; each glue node has the attributes (or a target shape traced symbolically) that make it exactly
@@ -53,6 +54,7 @@ class _Stack:
     batch_first_output: bool = False
     merge_output: bool = False
     lengths: str = ""  # the run-time sequence_lens every layer reads ('' without, or when it is a constant)
+    final_states: str = ""  # what h_n / c_n hold: "all" layers' (Concat), "last" layer's only (paddle2onnx)
     sources: list[str] = field(default_factory=list)  # run-time values that initial states are taken from
     outputs: list[str | None] = field(default_factory=list)
 
@@ -358,12 +360,20 @@ def _states(view: GraphView, stack: _Stack, layer: _Layer, batch) -> None:
 
 def _final_states(view: GraphView, stack: _Stack, index: int) -> str | bool | None:
     """The fused node's h_n (index 1) or c_n (2): a layer's own output for one layer, else the Concat of all
-    layers' in order; None when nothing reads them; False when they are read some other way."""
+    layers' in order, or the last layer's where nothing reads the others' (paddle2onnx's State outputs; h_n and c_n
+    alike, ``stack.final_states``); None when nothing reads them; False when they are read some other way."""
     names = [_input_out(layer.node, index) for layer in stack.layers]
-    if not any(n and (view.consumers.get(n) or n in view.graph_outputs) for n in names):
+    read = [bool(n and (view.consumers.get(n) or n in view.graph_outputs)) for n in names]
+    if not any(read):
         return None
     if len(names) == 1:
         return names[0]
+    held = "all" if any(read[:-1]) else "last"
+    if stack.final_states not in ("", held):
+        return False
+    stack.final_states = held
+    if held == "last":
+        return names[-1]
     concat = view.only_consumer(names[0]) if all(names) else None
     if not _op(concat, "Concat") or attribute(concat, "axis") not in (0, -3) or list(concat.input) != names:
         return False
@@ -534,7 +544,8 @@ def _convert(ctx, stack: _Stack) -> Converted:
         while not inputs[-1]:
             inputs.pop()
         proto.input[:] = inputs
-        flags = [not last or wanted[0], wanted[1], wanted[2] and stack.op_type == "LSTM"]
+        states = last or stack.final_states != "last"  # the layer's h_n / c_n are outputs
+        flags = [not last or wanted[0], wanted[1] and states, wanted[2] and states and stack.op_type == "LSTM"]
         while len(flags) > 1 and not flags[-1]:
             flags.pop()
         proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
@@ -551,5 +562,6 @@ def _convert(ctx, stack: _Stack) -> Converted:
                               merge_output=stack.merge_output,
                               initial_h=[layer.states[5] for layer in stack.layers],
                               initial_c=[layer.states.get(6) for layer in stack.layers],
-                              outputs=wanted[: len(stack.outputs)], lengths=bool(lengths))
+                              outputs=wanted[: len(stack.outputs)], lengths=bool(lengths),
+                              last_states=stack.final_states == "last")
     return Converted(module, [stack.x, *stack.sources, *lengths])

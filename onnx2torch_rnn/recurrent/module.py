@@ -184,15 +184,16 @@ class StackedRecurrent(Module):
     ``initial_h[l]`` / ``initial_c[l]``: None (zeros) or (k, start, end), rows start:end of ``states[k]`` (None, None:
     all of it). With ``lengths``, the last argument is every layer's sequence_lens. Returns, as ``outputs`` asks: y,
     the last layer's output ([T, N, D*H]; [N, T, D*H] with ``batch_first_output``; its Y as is, [T, D, N, H],
-    without ``merge_output``), then h_n and c_n, the layers' Y_h and Y_c concatenated.
+    without ``merge_output``), then h_n and c_n, the layers' Y_h and Y_c concatenated (the last layer's alone with
+    ``last_states``, as paddle2onnx writes them).
     """
 
     def __init__(self, layers: Sequence[Recurrent], *, batch_first: bool = False, batch_first_output: bool = False,
                  merge_output: bool = True, initial_h: Sequence[tuple[int, int | None, int | None] | None] = (),
                  initial_c: Sequence[tuple[int, int | None, int | None] | None] = (),
-                 outputs: Sequence[bool] = (True,), lengths: bool = False):
+                 outputs: Sequence[bool] = (True,), lengths: bool = False, last_states: bool = False):
         super().__init__()
-        self.lengths = lengths
+        self.lengths, self.last_states = lengths, last_states
         self.layers = nn.ModuleList(layers)
         self.batch_first, self.batch_first_output, self.merge_output = batch_first, batch_first_output, merge_output
         self.initial_h = tuple(initial_h) or (None,) * len(layers)
@@ -215,6 +216,8 @@ class StackedRecurrent(Module):
             x = y.transpose(1, 2).flatten(2) if y is not None and (index < last or self.merge_output) else y
         if x is not None and self.batch_first_output:
             x = x.transpose(0, 1)
+        if self.last_states:
+            h_n, c_n = h_n[-1:], c_n[-1:]
         results = tuple(r if wanted else None for r, wanted in zip((x, _joined(h_n), _joined(c_n)), self.outputs,
                                                                     strict=False))
         return results[0] if len(results) == 1 else results
@@ -229,6 +232,8 @@ class StackedRecurrent(Module):
             parts.append("merge_output=False")
         if self.lengths:
             parts.append("lengths=True")
+        if self.last_states:
+            parts.append("last_states=True")
         for name in ("initial_h", "initial_c"):
             if any(where is not None for where in getattr(self, name)):
                 parts.append(f"{name}={list(getattr(self, name))}")
