@@ -75,7 +75,7 @@ def test_each_fusable_scan_becomes_its_cell(case):
 @pytest.mark.parametrize("case", REFUSED)
 def test_cells_without_an_exact_onnx_op_stay_scans(case):
     """cell_clip clips the cell state (ONNX's clip clips the gates' pre-activations), num_proj projects h (no ONNX
-    LSTM does)."""
+    LSTM does, nor the recurrent runtime: see passes/scans.py)."""
     file = f"tf_v1_{case}.onnx"
     model = onnx.load(KERAS / file)
     module = onnx2torch_rnn.convert(model)

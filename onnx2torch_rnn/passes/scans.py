@@ -14,7 +14,11 @@ forward recurrence over x flipped in time and / or with its y flipped (``LoopedR
 y_backwards)``). A MultiRNNCell runs several cells per step, each reading the previous one's new h: one
 LoopedRecurrent per cell, in turn (``LoopedStack``). Refused (the Scan stays): opset 8's Scan (batch axis, its own
 sequence_lens), scan axes other than 0, cell_clip (clips the cell state, not ONNX's gate pre-activations) and
-num_proj (a projection).
+num_proj. A projected LSTMCell's h is (o * tanh(c)) @ P, narrower than c: nn.LSTM(proj_size)'s cell, but no ONNX
+LSTM's, and the recurrent runtime (ONNX-shaped W/R/B/P, the native kernel, the op's output shapes and its ONNX
+translation) has no projection. It is an ONNX LSTM over m = o * tanh(c) with recurrence weight P R followed by
+y @ P and h_n @ P, but P would then be two parameters where the graph has one (training the fused module would not
+train the graph's model) unless P R were recomputed from both at every call: not done.
 """
 
 from __future__ import annotations
