@@ -36,11 +36,10 @@ from .errors import (
 from .folding import FoldLimit, FoldTooLarge
 from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
-from .modules.shape import ShapeExpr
 from .node import Converted, OnnxNode, StaticInput, attribute_value, bodies, free_names, read_names
 from .passes import FUSION_DOMAIN, Fusion, Recognised, recognise
 from .registry import NOT_FOLDABLE, Converter, normalize_domain, resolve, schema_for, static_inputs
-from .shape_arithmetic import ShapeArithmetic
+from .shape_arithmetic import DeclaredSizes, FxSizes, ShapeArithmetic, derive, is_symbolic
 from .signature import META_KEY, record
 from .tensors import to_torch, torch_dtype
 
@@ -96,9 +95,7 @@ class ConversionContext:
         if plan is None:  # a body's plan counts uses of the whole model: its parent's
             plan = make_plan(graph, self.opsets, uses=None if parent is None else parent.plan.uses)
         self.plan = plan
-        # shape arithmetic, traced once per value: a body's too, so that a loop compiled as torch.while_loop computes
-        # its sizes from symbolic shapes (tensors would give unbacked sizes, which a carried value cannot change)
-        self._shapes = ShapeArithmetic(self)
+        self._declared = ShapeArithmetic(self, DeclaredSizes(loaded.declared))  # shape arithmetic to derive
 
     def assume_declared_dims(self, name: str) -> None:
         """A derived constant relies on the static dims graph input ``name`` declares: the module checks them."""
@@ -118,17 +115,13 @@ class ConversionContext:
         value = self.constant(name)
         return StaticInput(value, None if value is not None else name)
 
-    def shape_expression(self, name: str) -> ShapeExpr | None:
-        """The run-time value ``name`` as integer arithmetic on tensor shapes and constants, or None."""
-        return self._shapes.expression(name)
-
     def _derived(self, name: str) -> torch.Tensor | None:
         """A run-time value that conversion can nonetheless know: shape arithmetic on the static dims that graph
         inputs declare (shape_arithmetic.py); in the main graph only, whose module checks those dims."""
         if self.parent is not None or name in self._underivable:
             return None
         self._underivable.add(name)  # also while deriving: the derivation may ask about the value itself
-        value = self._shapes.derive(name)
+        value = derive(self, self._declared, name)
         if value is not None:
             self._underivable.discard(name)
             self._constants[name] = value
@@ -356,6 +349,9 @@ class _GraphBuilder:
         self.placeholder_names = _Names(("self",))  # forward's own first argument
         self.env: dict[str, fx.Node] = {}
         self.constants: dict[str, fx.Node | tuple[fx.Node, ...]] = {}  # ONNX value -> its attribute(s)
+        # shape arithmetic as fx integer nodes, traced once per value: a body's too, so that a loop compiled as
+        # torch.while_loop computes its sizes from symbolic shapes (tensors would give unbacked sizes)
+        self.shapes = ShapeArithmetic(ctx, FxSizes(ctx, self.graph, self.value))
 
     def build(self, progress: Callable[[int, int], None] | None = None) -> Subgraph:
         """``progress(done, total)`` after each node."""
@@ -455,7 +451,7 @@ class _GraphBuilder:
         """The node's module, called at run time on the values it reads; its outputs become values of the graph."""
         target = self.attribute_names(node.name)
         self.root.add_module(target, result.module)
-        fx_node = self.graph.call_module(target, tuple(self.value(name) for name in result.inputs))
+        fx_node = self.graph.call_module(target, *self.arguments(result))
         domain = normalize_domain(node.domain)
         fx_node.meta["onnx"] = {"name": step.proto.name, "op_type": step.proto.op_type, "domain": node.domain,
                                 "version": step.version, "opset": self.ctx.opsets.get(domain, 1)}
@@ -470,6 +466,19 @@ class _GraphBuilder:
             outputs = [self.graph.call_function(operator.getitem, (fx_node, i)) for i in range(len(node.outputs))]
         for name, out in _per_output(node, outputs):
             self.env[name] = out
+
+    def arguments(self, result: Converted) -> tuple[tuple, dict]:
+        """A module's call arguments: the values it reads, those at ``result.ints`` as ints where shape arithmetic
+        computes every one of them (at least one from sizes at run time), else all as tensors."""
+        names = {i: result.inputs[i] for i in result.ints if i < len(result.inputs) and result.inputs[i] is not None}
+        ints = {i: self.shapes.trace(name) for i, name in names.items()}
+        if None in ints.values() or not any(map(is_symbolic, ints.values())):
+            ints = {}
+        args = tuple(ints[i] if i in ints else self.value(name) for i, name in enumerate(result.inputs))
+        if not ints or not result.device:
+            return args, {}
+        tensor = next(source for name in names.values() for source in self.shapes.reads(name))
+        return args, {"device": self.graph.call_function(getattr, (self.value(tensor), "device"))}
 
     def finish(self, captures: dict[str, fx.Node]) -> Subgraph:
         """The graph's outputs and checks of declared dims; then what no output needs is removed."""

@@ -129,10 +129,17 @@ class Converted:
 
     ``inputs`` entries may be None (an absent optional input is passed as None). The module returns one tensor
     when the node has one output, else a tuple with one entry per output slot of the node.
+
+    ``ints``: positions of inputs the module also takes as Python ints (an int, or a list of them for a 1-d value):
+    where shape arithmetic computes every one of them from tensor sizes, the builder passes them so
+    (shape_arithmetic.py), and with ``device`` also ``device=`` of a tensor whose sizes they read (for a module
+    that creates a tensor from a shape alone).
     """
 
     module: nn.Module
     inputs: Sequence[str | None]
+    ints: Sequence[int] = ()
+    device: bool = False
 
 
 @dataclass(frozen=True)

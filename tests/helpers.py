@@ -6,6 +6,7 @@ Test modules import from here (and from the other non-test modules of tests/), n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import random
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn import Converted, register_converter
+from onnx2torch_rnn import register_converter
 from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
 from onnx2torch_rnn.modules import quantized as q
 from onnx2torch_rnn.recurrent import Recurrent
@@ -211,7 +212,7 @@ def perturbed(op_type, node_name, fn=lambda y: y * 1.01 + 0.01, opset=17):
         result = original(node, ctx)
         if node.name != node_name:
             return result
-        return Converted(Then(result.module, fn), result.inputs)
+        return dataclasses.replace(result, module=Then(result.module, fn))
 
     with registry_restored():
         register_converter(op_type, version, replace=True)(convert)

@@ -20,6 +20,7 @@ import onnx2torch_rnn
 from onnx2torch_rnn import Converted, codegen
 from onnx2torch_rnn.modules.common import Function, Module, TensorStub, constructor_arguments
 from tests.helpers import cnn, make_model
+from tests.shape_patterns import PATTERNS, pattern_model, x_of
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx"
 RNG = np.random.default_rng(0)
@@ -69,6 +70,20 @@ def test_cnn_roundtrip_reads_like_torch_code(tmp_path):
         assert text in source, text
     assert ".onnx" not in source  # the code does not need the ONNX file
     assert isinstance(rebuilt.conv, nn.Conv2d) and isinstance(rebuilt.fc, nn.Linear)
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_shape_arithmetic_is_code_of_its_own(tmp_path, pattern):
+    """Sizes computed at run time are fx integer nodes: the code reads them itself (x.size(0), arithmetic, a device
+    for a tensor made from a shape), at every shape."""
+    converted = codegen.write(pattern_model(pattern), tmp_path, fuse=False)
+    rebuilt = codegen.load_generated(tmp_path).load()
+    source = (tmp_path / "model.py").read_text()
+    assert ".size(0)" in source or ".size(1)" in source
+    for batch, steps in [(3, 4), (1, 7)]:
+        x = x_of(batch, steps)
+        with torch.no_grad():
+            torch.testing.assert_close(rebuilt(x), converted(x), rtol=0, atol=0)
 
 
 def test_the_code_needs_neither_the_onnx_file_nor_the_working_directory(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
 """torch.export of converted models with dynamic batch and sequence length, run at other shapes.
 
 Also the shape arithmetic exporters emit around recurrent layers (Shape -> Gather -> Unsqueeze -> Concat ->
-Reshape / Expand / ConstantOfShape, Range, TopK): the converter rebuilds it from the inputs' symbolic sizes
-(modules.shape.FromShapes), so it compiles in one graph and exports with dynamic shapes. Each pattern is also
+Reshape / Expand / ConstantOfShape, Range, TopK): the builder rebuilds it as fx integer nodes on the inputs' sizes
+(shape_arithmetic.py), so it compiles in one graph and exports with dynamic shapes. Each pattern is also
 checked against onnxruntime.
 """
 
@@ -16,7 +16,6 @@ import torch
 from torch.export import Dim
 
 import onnx2torch_rnn
-from onnx2torch_rnn.modules import shape as m
 from tests.helpers import check
 from tests.recurrent_models import CountingBackend, assert_same, convert, inputs, matrix, states
 from tests.shape_patterns import PATTERNS, pattern_model, x_of
@@ -103,7 +102,7 @@ def test_shape_arithmetic(pattern, mode):
     model = pattern_model(pattern)
     # as written: recognition would drop the zero state (its shape computation is what this test compiles)
     gm = check(model, {"x": x_of(3, 4).numpy()}, fuse=False)  # eager against onnxruntime
-    assert any(isinstance(module, m.FromShapes) for module in gm.modules())
+    assert any(n.op == "call_method" and n.target == "size" for n in gm.graph.nodes)  # sizes as fx ints
     backend = CountingBackend()
     if mode == "compile":
         torch._dynamo.reset()

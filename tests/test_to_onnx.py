@@ -37,6 +37,7 @@ from tests.exporters.common import (
     read_manifest,
 )
 from tests.helpers import make_model
+from tests.shape_patterns import pattern_model
 
 pytestmark = [pytest.mark.compile,  # and torch.onnx's own deprecation warnings:
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")]
@@ -201,6 +202,16 @@ def test_names_numeric_and_pass_through_outputs(tmp_path):
     for got, want in zip(run_onnxruntime(tmp_path / "m.onnx", {"0": x}), [np.maximum(x, 0), x, np.maximum(x, 0)],
                          strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("pattern", ["zeros_state", "range", "merge_dims"])
+def test_shape_arithmetic_exports_with_its_dynamic_dims(tmp_path, pattern):
+    """Sizes the module computes as fx integer nodes (a zero state of the batch's size, positions 0..M-1, merged
+    dims) stay symbolic: the written model runs at other sizes, as the summary's check shows."""
+    model = pattern_model(pattern)
+    summary = to_onnx(onnx2torch_rnn.convert(model, fuse=False), tmp_path / "m.onnx")
+    assert summary.dynamic_dims == ["M", "N"] and len(summary.checked_shapes) == 2
+    assert interface(onnx.load(tmp_path / "m.onnx")) == interface(model)
 
 
 def test_initializer_names_like_the_exporters_own(tmp_path):

@@ -30,16 +30,13 @@ def converted(module, inputs: Sequence[str | None]) -> Converted:
     return Converted(module, inputs)
 
 
-def with_shape_inputs(ctx, module, inputs: Sequence[str | None], positions: Sequence[int] = (1,),
+def with_shape_inputs(module, inputs: Sequence[str | None], positions: Sequence[int] = (1,),
                       device: bool = False) -> Converted:
-    """``converted(module, inputs)``, with each run-time input at ``positions`` that is shape arithmetic computed
-    from tensor shapes instead (``FromShapes``); ``device``: the module creates a tensor from the shape alone."""
-    exprs = {i: expr for i in positions if i < len(inputs) and inputs[i] is not None
-             and (expr := ctx.shape_expression(inputs[i])) is not None}
-    if not exprs:
-        return converted(module, inputs)
-    wrapper = m.FromShapes(module, exprs, len(inputs), device)
-    return Converted(wrapper, [None if i in exprs else name for i, name in enumerate(inputs)] + wrapper.sources)
+    """``converted(module, inputs)``, whose inputs at ``positions`` the module also takes as ints: where they are
+    shape arithmetic on tensor sizes, the builder passes them so (``Converted.ints``, shape_arithmetic.py);
+    ``device``: the module creates a tensor from the shape alone."""
+    result = converted(module, inputs)
+    return Converted(result.module, result.inputs, tuple(positions), device)
 
 
 def element_type(node: OnnxNode, attribute: str, onnx_type: int) -> torch.dtype:
@@ -71,7 +68,7 @@ def reshape(node: OnnxNode, ctx) -> Converted:
     """Full semantics: 0 copies the input dim (unless allowzero=1), -1 is inferred; shape constant or run-time."""
     shape = ctx.static(node, 1)
     module = m.Reshape(shape.ints(), node.attr("allowzero", 0))
-    return with_shape_inputs(ctx, module, [node.input(0), shape.run_time])
+    return with_shape_inputs(module, [node.input(0), shape.run_time])
 
 
 @register_converter("Flatten", (1, 9, 11, 13, 21, 23, 24, 25))
@@ -84,14 +81,14 @@ def flatten(node: OnnxNode, ctx) -> Converted:
 def squeeze(node: OnnxNode, ctx) -> Converted:
     """Axes as attribute (before 13) or input (constant or run-time); no axes squeezes every size-1 dim."""
     axes = ctx.static(node, 1, "axes")
-    return with_shape_inputs(ctx, m.Squeeze(axes.ints()), [node.input(0), axes.run_time])
+    return with_shape_inputs(m.Squeeze(axes.ints()), [node.input(0), axes.run_time])
 
 
 @register_converter("Unsqueeze", (1, 11, 13, 21, 23, 24, 25), static=(1,))
 def unsqueeze(node: OnnxNode, ctx) -> Converted:
     """Axes as attribute (before 13) or input (constant or run-time), negative axes count in the output rank."""
     axes = ctx.static(node, 1, "axes")
-    return with_shape_inputs(ctx, m.Unsqueeze(axes.ints()), [node.input(0), axes.run_time])
+    return with_shape_inputs(m.Unsqueeze(axes.ints()), [node.input(0), axes.run_time])
 
 
 @register_converter("Transpose", (1, 13, 21, 23, 24, 25))
@@ -116,7 +113,7 @@ def split(node: OnnxNode, ctx) -> Converted:
     if num_outputs is not None and num_outputs != parts:
         raise node.unsupported("num_outputs", num_outputs, f"the node has {parts} outputs")
     module = m.Split(node.attr("axis"), sizes.ints() or None, parts)
-    return with_shape_inputs(ctx, module, [node.input(0), sizes.run_time])
+    return with_shape_inputs(module, [node.input(0), sizes.run_time])
 
 
 @register_converter("Slice", (1, 10, 11, 13), static=(1, 2, 3, 4))
@@ -125,21 +122,21 @@ def slice_(node: OnnxNode, ctx) -> Converted:
     and clamping of out-of-range starts and ends as the spec says."""
     values = [ctx.static(node, i, name) for i, name in enumerate(("starts", "ends", "axes", "steps"), 1)]
     module = m.Slice(*(value.ints() for value in values))
-    return with_shape_inputs(ctx, module, [node.input(0), *(value.run_time for value in values)], (1, 2, 3, 4))
+    return with_shape_inputs(module, [node.input(0), *(value.run_time for value in values)], (1, 2, 3, 4))
 
 
 @register_converter("Expand", (8, 13), static=(1,))
 def expand(node: OnnxNode, ctx) -> Converted:
     """Bidirectional broadcasting to `shape` (a 1 keeps the input's dim); shape constant or run-time."""
     shape = ctx.static(node, 1)
-    return with_shape_inputs(ctx, m.Expand(shape.ints()), [node.input(0), shape.run_time])
+    return with_shape_inputs(m.Expand(shape.ints()), [node.input(0), shape.run_time])
 
 
 @register_converter("Tile", (6, 13), static=(1,))
 def tile(node: OnnxNode, ctx) -> Converted:
     """Tensor.repeat; repeats constant or run-time."""
     repeats = ctx.static(node, 1)
-    return with_shape_inputs(ctx, m.Tile(repeats.ints()), [node.input(0), repeats.run_time])
+    return with_shape_inputs(m.Tile(repeats.ints()), [node.input(0), repeats.run_time])
 
 
 # ---- indexing -------------------------------------------------------------------------------------------------------
@@ -235,12 +232,8 @@ def range_(node: OnnxNode, ctx) -> Converted:
                                                             torch.int64):
         raise node.unsupported("stash_type", stash_type, "only 1 (compute float16/bfloat16 in float32) is supported")
     dtype = ctx.dtype(node.input(0))
-    if dtype in (torch.int16, torch.int32, torch.int64):  # an integer range of a size computed at run time
-        exprs = dict(enumerate(ctx.shape_expression(name) if ctx.constant(name) is None else
-                               m.ShapeExpr("const", (), [int(ctx.constant(name))]) for name in node.inputs))
-        if all(exprs.values()) and any(expr.sources() for expr in exprs.values()):
-            wrapper = m.FromShapes(m.Range(stash_type, dtype), exprs, 3, device=True)
-            return Converted(wrapper, [None, None, None, *wrapper.sources])
+    if dtype in (torch.int16, torch.int32, torch.int64):  # perhaps a range of a size computed at run time
+        return Converted(m.Range(stash_type, dtype), node.inputs, (0, 1, 2), device=True)
     return Converted(m.Range(stash_type), node.inputs)
 
 
@@ -254,7 +247,7 @@ def constant_of_shape(node: OnnxNode, ctx) -> Converted:
     value = torch.zeros(1) if value is None else value
     shape = ctx.static(node, 0)
     module = m.ConstantOfShape(value.reshape(-1)[0].item(), value.dtype, shape.ints())
-    return with_shape_inputs(ctx, module, [shape.run_time], (0,), device=True)
+    return with_shape_inputs(module, [shape.run_time], (0,), device=True)
 
 
 @register_converter("EyeLike", (9, 22))
@@ -346,7 +339,7 @@ def top_k(node: OnnxNode, ctx) -> Converted:
     onnxruntime returns another order)."""
     k = ctx.static(node, 1, "k")
     module = m.TopK(node.attr("axis"), node.attr("largest", 1), node.attr("sorted", 1), k.integer())
-    return with_shape_inputs(ctx, module, [node.input(0), k.run_time])
+    return with_shape_inputs(module, [node.input(0), k.run_time])
 
 
 def _arg_extreme(node: OnnxNode, ctx) -> Converted:

@@ -7,9 +7,8 @@ argument left as None means "use the baked value" (which is itself None when the
 Shape arithmetic computed at run time (Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as exporters emit for a
 dynamic batch) would make every size a data-dependent tensor value: under torch.compile / torch.export its
 ``.tolist()`` gives unbacked symbols, and the first size check (``s == 0`` in Reshape, broadcasting in Expand) fails
-with "Could not guard on data-dependent expression". So the converter recognises such inputs and rebuilds them as a
-``ShapeExpr`` over the source tensors' ``.shape`` (``FromShapes``): Python ints in eager mode, symbolic sizes tied to
-the inputs under tracing.
+with "Could not guard on data-dependent expression". So such inputs come as Python ints instead, computed by fx nodes
+from the tensors' sizes (shape_arithmetic.py): symbolic sizes tied to the inputs under tracing.
 """
 
 from __future__ import annotations
@@ -18,16 +17,14 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
 
 from .. import torch_compat
-from . import elementwise as ew
 from .common import Module, attributes_repr, ceil_div, trunc_div
 
 
 def ints(static: Sequence[int] | None, tensor: torch.Tensor | list | None) -> list[int] | None:
-    """The baked list of ints, or the run-time value's: a tensor, or ints from ``FromShapes`` (None for an absent
-    optional input)."""
+    """The baked list of ints, or the run-time value's: a tensor, or ints (shape arithmetic), or None for an absent
+    optional input."""
     if tensor is None:
         return None if static is None else list(static)
     if isinstance(tensor, torch.Tensor):
@@ -327,10 +324,10 @@ class Range(_Attributes):
     def __init__(self, stash_type: int = 1, dtype: torch.dtype | None = None):
         super().__init__()
         self.stash_type = stash_type
-        self.dtype = dtype  # the output dtype when start, limit, delta come as ints (FromShapes)
+        self.dtype = dtype  # the output dtype when start, limit, delta come as ints (shape arithmetic)
 
     def forward(self, start, limit, delta, device=None):
-        if not isinstance(start, torch.Tensor):  # integer ints from FromShapes: the formula is exactly arange's
+        if not isinstance(start, torch.Tensor):  # ints (shape arithmetic): the formula is exactly arange's
             return torch.arange(start, limit, delta, dtype=self.dtype, device=device)
         dtype = start.dtype
         if dtype in (torch.float16, torch.bfloat16) and self.stash_type == 1:
@@ -349,7 +346,7 @@ class ConstantOfShape(_Attributes):
         self.value, self.dtype, self.shape = value, dtype, shape
 
     def forward(self, shape=None, device=None):
-        device = shape.device if isinstance(shape, torch.Tensor) else device  # else FromShapes passes it
+        device = shape.device if isinstance(shape, torch.Tensor) else device  # else ints, and the builder passes it
         return torch.full(ints(self.shape, shape), self.value, dtype=self.dtype, device=device)
 
 
@@ -518,104 +515,6 @@ class Compress(_Attributes):
             axis = self.axis
         keep = torch.nonzero(condition[: data.shape[axis]]).reshape(-1)
         return data.index_select(axis, keep)
-
-
-# ---- shape arithmetic on Python ints -----------------------------------------------------------------------------
-# A value is an int (0-d) or a list of ints (1-d); under torch.compile / torch.export the ints are SymInts.
-
-
-def _elementwise(fn: Callable) -> Callable:
-    """An element-wise op on ints or lists of ints, with ONNX (numpy) broadcasting of 0-d and 1-element values."""
-    def apply(*values):
-        if not any(isinstance(v, list) for v in values):
-            return fn(*values)
-        lists = [v if isinstance(v, list) else [v] for v in values]
-        n = max(len(v) for v in lists)
-        return [fn(*xs) for xs in zip(*(v * n if len(v) == 1 else v for v in lists), strict=True)]
-    return apply
-
-
-def _gather(data, indices):
-    return [data[i] for i in indices] if isinstance(indices, list) else data[indices]
-
-
-SHAPE_OPS: dict[str, Callable] = {
-    "gather": _gather,
-    "unsqueeze": lambda v: [v],  # 0-d -> 1-d
-    "item": lambda v: v[0] if isinstance(v, list) else v,  # one element -> 0-d
-    "flatten": lambda v: v if isinstance(v, list) else [v],  # -> 1-d
-    "concat": lambda *parts: [x for part in parts for x in part],
-    "slice": lambda v, start, end: v[start:end],  # Python slicing clamps as ONNX Slice does (step 1)
-    "prod": lambda v, keep: [math.prod(v)] if keep else math.prod(v),
-    "fill": lambda n, value: [value] * n[0],  # ConstantOfShape of a 1-element shape
-    # ONNX's element-wise ops, on ints: their meaning is written once, in modules/elementwise.py
-    "Where": _elementwise(ew.where),
-    "Add": _elementwise(ew.add),
-    "Sub": _elementwise(ew.sub),
-    "Mul": _elementwise(ew.mul),
-    "Div": _elementwise(ew.div),
-    "Max": _elementwise(ew.maximum),  # torch.sym_max: no guard on symbolic sizes
-    "Min": _elementwise(ew.minimum),
-    "Equal": _elementwise(ew.equal),
-}
-
-
-class ShapeExpr:
-    """An int or 1-d list of ints computed from source tensors' shapes: ``op`` is "shape" (params: source name,
-    start, end), "size" (params: source name), "const" (params: the value) or a key of ``SHAPE_OPS`` applied to the
-    values of ``args`` and then ``params``."""
-
-    def __init__(self, op: str, args: Sequence[ShapeExpr] = (), params: Sequence = ()):
-        self.op, self.args, self.params = op, tuple(args), tuple(params)
-
-    def __call__(self, shapes: dict[str, Sequence[int]]):
-        if self.op == "const":
-            return self.params[0]
-        if self.op == "shape":
-            name, start, end = self.params
-            return list(shapes[name][start:end])
-        if self.op == "size":
-            return math.prod(shapes[self.params[0]])
-        return SHAPE_OPS[self.op](*(arg(shapes) for arg in self.args), *self.params)
-
-    def sources(self) -> list[str]:
-        """The tensors whose shapes this reads, in first-use order."""
-        own = [self.params[0]] if self.op in ("shape", "size") else []
-        return list(dict.fromkeys(own + [name for arg in self.args for name in arg.sources()]))
-
-    def __repr__(self) -> str:
-        if self.op == "const":
-            return repr(self.params[0])
-        if self.op == "shape":
-            name, start, end = self.params
-            return f"{name}.shape" + (f"[{start or ''}:{'' if end is None else end}]" if (start, end) != (0, None)
-                                      else "")
-        if self.op == "size":
-            return f"{self.params[0]}.numel()"
-        return f"{self.op}({', '.join(map(repr, (*self.args, *self.params)))})"
-
-
-class FromShapes(Module):
-    """Calls ``module`` with the inputs at ``exprs``' positions computed from tensor shapes (ints, symbolic under
-    tracing) instead of read from int64 tensors. Takes the module's inputs (None at those positions), then the
-    source tensors; ``device`` is passed on to modules that create a tensor from a shape alone."""
-
-    def __init__(self, module: nn.Module, exprs: dict[int, ShapeExpr], arity: int, device: bool = False):
-        super().__init__()
-        self.module, self.exprs, self.arity, self.device = module, exprs, arity, device
-        self.sources = list(dict.fromkeys(name for expr in exprs.values() for name in expr.sources()))
-
-    def forward(self, *inputs):
-        args, tensors = list(inputs[: self.arity]), inputs[self.arity:]
-        shapes = {name: tensor.shape for name, tensor in zip(self.sources, tensors, strict=True)}
-        for position, expr in self.exprs.items():
-            args[position] = expr(shapes)
-        if self.device:
-            return self.module(*args, device=tensors[0].device)
-        return self.module(*args)
-
-    def extra_repr(self) -> str:
-        return ", ".join(f"input {position} = {expr!r}" for position, expr in self.exprs.items())
 
 
 # ---- reductions ---------------------------------------------------------------------------------------------------
