@@ -6,7 +6,9 @@ The bisect runs both sides once with every intermediate value kept: onnxruntime 
 each value computed by a node of the main graph as a graph output, the converted module node by node through
 ``torch.fx.Interpreter``. ``node.meta["onnx_values"]`` names the ONNX values of each fx node's arguments and outputs.
 Values computed inside If/Loop/Scan bodies cannot be exposed: such a node is compared as a whole. A node folded at
-conversion has no fx node; its value is compared where the module reads it as a constant.
+conversion has no fx node; its value is compared where the module reads it as a constant. Shape arithmetic that the
+module computes as ints (shape_arithmetic.py) is compared where a module reads it; the values in between (a Shape or
+Gather on the way) have no fx node and are not compared.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .builder import build
 from .errors import ModuleRunError, ReferenceRuntimeError
 from .loading import LoadedModel, ModelSource, _skeleton, load_model, subgraphs
 from .registry import normalize_domain
-from .tensors import is_external
+from .tensors import is_external, torch_dtype
 
 DEFAULT_DIM = 3  # size given to a symbolic dimension that the caller did not set
 DEFAULT_INT_RANGE = (0, 4)  # integer inputs whose use does not tell a safe range
@@ -410,7 +412,19 @@ def _torch_values(module: fx.GraphModule, loaded: LoadedModel, feeds: Mapping[st
             if name is not None and isinstance(arg, fx.Node) and arg.op == "get_attr":
                 values[name] = interpreter.env[arg]
                 constants.add(name)
+            elif name is not None and _is_ints(value := fx.node.map_arg(arg, interpreter.env.get)):
+                values[name] = _ints(value, loaded.types.get(name))
     return {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}, constants, fused
+
+
+def _is_ints(value) -> bool:
+    return isinstance(value, int) or (isinstance(value, list) and all(isinstance(v, int) for v in value))
+
+
+def _ints(value: int | list[int], value_type: onnx.TypeProto | None) -> torch.Tensor:
+    """A value a module reads as ints, as the tensor of its ONNX type."""
+    elem_type = value_type.tensor_type.elem_type if value_type is not None else onnx.TensorProto.INT64
+    return torch.tensor(value, dtype=torch_dtype(elem_type or onnx.TensorProto.INT64))
 
 
 def _bisect(loaded: LoadedModel, module: torch.nn.Module, feeds: Mapping[str, np.ndarray], rtol: float,

@@ -1,5 +1,6 @@
 """checking.py: generated inputs (index-aware integer ranges), compare() and the per-node divergence bisect."""
 
+import operator
 
 import numpy as np
 import onnx
@@ -8,7 +9,7 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn import ModuleRunError, ReferenceRuntimeError, loading
+from onnx2torch_rnn import ModuleRunError, ReferenceRuntimeError, loading, shape_arithmetic
 from onnx2torch_rnn.checking import compare, index_ranges, random_inputs, run_onnxruntime
 from tests.helpers import make_model, perturbed
 
@@ -163,6 +164,29 @@ def test_nodes_with_subgraphs_are_compared_as_a_whole():
         d = compare(model, feeds).divergence
     assert d.node == "branch" and [i.name for i in d.inputs] == ["c"]
     assert d.attributes == {"then_branch": "<graph 'then': 1 nodes>", "else_branch": "<graph 'else': 1 nodes>"}
+
+
+def _expand_to_twice_the_batch():
+    """y = row [1, 6] expanded to [2 * N, 6], with N = Shape(x)[0:1]: the Expand reads its shape as ints."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Slice", ["s", "zero", "one"], ["n"], name="slice"),
+             helper.make_node("Mul", ["n", "two"], ["n2"], name="twice"),
+             helper.make_node("Concat", ["n2", "six"], ["target"], name="concat", axis=0),
+             helper.make_node("Expand", ["row", "target"], ["y"], name="expand")]
+    init = {"zero": np.array([0]), "one": np.array([1]), "two": np.array([2]), "six": np.array([6]),
+            "row": RNG.standard_normal((1, 6)).astype(np.float32)}
+    return make_model(nodes, [("x", np.float32, ["N", 6])], ["y"], init)
+
+
+def test_shape_arithmetic_is_compared_where_a_module_reads_it(monkeypatch):
+    """The sizes a module reads as ints are compared as the ONNX value they stand for; the values on the way (Shape,
+    Slice, Mul) have no fx node of their own."""
+    model = _expand_to_twice_the_batch()
+    report = compare(model, dims={"N": 3}, bisect=True)
+    assert report.ok and report.compared_nodes == 2  # concat (read as ints by the Expand) and expand
+    monkeypatch.setitem(shape_arithmetic.ARITHMETIC, "Mul", operator.add)  # 3 + 2 sizes where 3 * 2 are due
+    d = compare(model, dims={"N": 3}).divergence
+    assert (d.node, d.outputs[0].ok, d.outputs[0].max_abs_error) == ("concat", False, 1)  # [5, 6], not [6, 6]
 
 
 def test_bisect_needs_the_graph_module():
