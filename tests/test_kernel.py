@@ -35,6 +35,20 @@ def test_kernel_is_built():
         assert kernel.load(), "the native kernel did not build (see the warning)"
 
 
+def test_build_name_is_per_sources_and_folder(tmp_path, monkeypatch):
+    """Two checkouts of the same sources build apart: one build folder names one source path, and sharing it made
+    each rebuild after the other."""
+    name = kernel._name()
+    copies = [tmp_path / path.name for path in kernel.SOURCES]
+    for path, copy in zip(kernel.SOURCES, copies, strict=True):
+        copy.write_bytes(path.read_bytes())
+    monkeypatch.setattr(kernel, "SOURCES", copies)
+    elsewhere = kernel._name()
+    assert elsewhere != name
+    copies[0].write_bytes(copies[0].read_bytes() + b"\n")
+    assert kernel._name() not in (name, elsewhere)
+
+
 def random_case(rng: random.Random):
     """A random node configuration and inputs: every cell, direction, layout and activation, lengths (0 and T
     included) or a mask, initial states, peepholes, clip, sizes down to hidden 1, batch 0 and T = 0."""

@@ -2,10 +2,10 @@
 implementation.
 
 ``load()`` compiles recurrent.cpp with torch.utils.cpp_extension (ninja, optimised for this CPU) into torch's
-extension cache, under a name that holds a hash of the sources and flags (another version of the sources never
-reuses a stale build), and loads it; the library registers itself for ``onnx2torch_rnn::recurrent`` on CPU. Without
-a compiler (or with ``ONNX2TORCH_RNN_NATIVE=0``) nothing is registered, a warning says why once, and the op runs its
-Python implementation (recurrent/runtime.py), which computes the same numbers.
+extension cache, under a name that holds a hash of the sources, their folder and the flags (another version of the
+sources never reuses a stale build), and loads it; the library registers itself for ``onnx2torch_rnn::recurrent`` on
+CPU. Without a compiler (or with ``ONNX2TORCH_RNN_NATIVE=0``) nothing is registered, a warning says why once, and the
+op runs its Python implementation (recurrent/runtime.py), which computes the same numbers.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def _name() -> str:
     digest = hashlib.sha256()
     for path in SOURCES:
         digest.update(path.read_bytes())
-    digest.update(" ".join([*FLAGS, torch.__version__]).encode())
+    # the sources' folder too: torch's build file names the source path, so two checkouts (or venvs) of the same
+    # sources sharing one build folder would rebuild each time the other had built
+    digest.update(" ".join([*FLAGS, torch.__version__, str(SOURCES[0].parent)]).encode())
     return f"onnx2torch_rnn_kernel_{digest.hexdigest()[:16]}"
 
 
