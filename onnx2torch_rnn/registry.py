@@ -73,12 +73,21 @@ def static_inputs(domain: str, op_type: str, version: int) -> frozenset[int]:
     return _STATIC.get(OperationKey(normalize_domain(domain), op_type, version), frozenset())
 
 
-@functools.cache  # onnx's lookup costs about 6 us, asked several times for every node of a graph
 def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The schema onnx.defs has for an op at an opset, or None (a custom domain's op, unless its schema has been
+    registered with ``onnx.defs.register_schema``: also after a lookup that found none)."""
     try:
-        return onnx.defs.get_schema(op_type, opset, normalize_domain(domain))
+        return _found_schema(normalize_domain(domain), op_type, opset)
     except onnx.defs.SchemaError:
         return None
+
+
+# onnx's lookup costs about 6 us, asked several times for every node of a graph. Only schemas found are cached (a
+# miss raises, which functools.cache does not keep), so a schema registered later is seen; one deregistered after a
+# lookup found it is not noticed.
+@functools.cache
+def _found_schema(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema:
+    return onnx.defs.get_schema(op_type, opset, domain)
 
 
 def resolve(domain: str, op_type: str, opset: int) -> tuple[Converter, int] | None:

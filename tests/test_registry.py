@@ -51,6 +51,22 @@ def test_custom_domain_converter_and_outputs_resolved_per_value(halves):
     assert gm(torch.arange(4.0)).tolist() == [2.0, 3.0]
 
 
+def test_a_schema_registered_after_a_lookup_is_seen(registry):
+    """A schema registered with onnx.defs after a lookup found none serves the op from then on: its since_version
+    picks the converter, not the highest registered version (a cached miss hid it)."""
+    registry("Later", [1, 2], domain="test.later")(lambda node, ctx: Converted(torch.nn.Identity(), node.inputs))
+    assert schema_for("test.later", "Later", 3) is None and resolve("test.later", "Later", 3)[1] == 2
+    tensor = onnx.defs.OpSchema.FormalParameter
+    schema = onnx.defs.OpSchema("Later", "test.later", 1, inputs=[tensor("x", "T")], outputs=[tensor("y", "T")],
+                                type_constraints=[("T", ["tensor(float)"], "")])
+    onnx.defs.register_schema(schema)
+    try:
+        assert schema_for("test.later", "Later", 3).since_version == 1
+        assert resolve("test.later", "Later", 3)[1] == 1
+    finally:
+        onnx.defs.deregister_schema("Later", 1, "test.later")
+
+
 def test_registrations_inside_registry_restored_are_undone():
     original = resolve("", "Relu", 14)
     with registry_restored():
