@@ -10,6 +10,7 @@ import logging
 import pickle
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     """The entry point: parse the command line and run the command, with --verbose logging for this run only."""
     args = _parser().parse_args(argv)
     bar = ProgressBar()
-    with _verbose_logging(bar) if getattr(args, "verbose", False) else contextlib.nullcontext():
+    with (_verbose_logging(bar) if getattr(args, "verbose", False) else contextlib.nullcontext(),
+          warnings.catch_warnings()):
+        # the command is the program here: torch's notices of its own deprecations (torch.onnx's) are not for its user
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         return args.run(args, bar)
 
 

@@ -19,13 +19,13 @@ import enum
 import importlib
 import importlib.util
 import inspect
-import io
 import logging
 import math
 import operator
 import os
 import re
 import sys
+import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -553,7 +553,7 @@ def export_program(module: nn.Module, args: tuple[torch.Tensor, ...], dynamic: M
     errors = []
     for shapes, note in attempts:
         try:
-            with _quiet():
+            with quiet_torch():
                 program = torch.export.export(module, args, dynamic_shapes=shapes)
             torch.export.save(program, path)
             with torch.no_grad():
@@ -570,14 +570,41 @@ def export_program(module: nn.Module, args: tuple[torch.Tensor, ...], dynamic: M
     raise RuntimeError("torch.export failed " + "; ".join(errors))
 
 
+class _FromThisThread(logging.Filter):
+    """Drops torch's records below ERROR that the thread which made it logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        torch_record = record.name == "torch" or record.name.startswith("torch.")
+        return not (torch_record and record.thread == self.thread and record.levelno < logging.ERROR)
+
+
+def _torch_handlers() -> set[logging.Handler]:
+    """Every handler that a record of torch's loggers reaches."""
+    manager = logging.Logger.manager
+    loggers = [logging.getLogger("torch")] + [logger for name, logger in list(manager.loggerDict.items())
+                                              if name.startswith("torch.") and isinstance(logger, logging.Logger)]
+    handlers = set()
+    for logger in loggers:
+        while logger is not None:
+            handlers.update(logger.handlers)
+            logger = logger.parent if logger.propagate else None
+    return handlers
+
+
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence what torch.export prints and logs while it tries (a failure is reported in one line)."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+def quiet_torch() -> Iterator[None]:
+    """Silence what torch.export and torch.onnx log below ERROR while this thread runs them (a failure is reported
+    in one line). Scoped: other threads' records and everything outside the block pass as before, no stream is
+    redirected, no level changed."""
+    drop, handlers = _FromThisThread(), _torch_handlers()
+    for handler in handlers:
+        handler.addFilter(drop)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            yield
+        yield
     finally:
-        logger.setLevel(level)
+        for handler in handlers:
+            handler.removeFilter(drop)

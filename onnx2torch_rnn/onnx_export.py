@@ -26,7 +26,7 @@ import torch
 from torch import fx, nn
 
 from .checking import DEFAULT_INT_RANGE, _numpy, compare_arrays, index_ranges
-from .codegen import _quiet
+from .codegen import quiet_torch
 from .errors import ExportError
 from .onnx_rewrite import EXPORTER_OPSET, has_half_precision, lower_opset, opset_of, restore_interface
 from .recurrent import onnx_translation_table
@@ -215,7 +215,7 @@ def _export(module: fx.GraphModule, signature: OnnxSignature, args: tuple[torch.
     watch = _Watch(module, axes)
     dynamic = tuple({axis: Dim.AUTO for axis in dynamic_axes} or None for dynamic_axes in axes)
     try:
-        with watch(), _quiet():
+        with watch(), quiet_torch():
             program = torch.export.export(_Exported(module), args, dynamic_shapes=(dynamic,), strict=False)
     except Exception as error:
         shapes = [list(a.shape) for a in args]
@@ -223,7 +223,7 @@ def _export(module: fx.GraphModule, signature: OnnxSignature, args: tuple[torch.
                           f"{shapes}: {_first_line(error)}") from error
     _refuse_pinned_dims(program, signature, axes, watch)
     try:
-        with _quiet():
+        with quiet_torch():
             proto = torch.onnx.export(program, custom_translation_table=onnx_translation_table(), verbose=False,
                                       optimize=True).model_proto
     except Exception as error:

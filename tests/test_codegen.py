@@ -4,8 +4,10 @@ import ast
 import concurrent.futures
 import copy
 import importlib
+import logging
 import pkgutil
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -350,3 +352,32 @@ def test_export_program_dynamic_then_static(tmp_path):
     note = codegen.export_program(module, (torch.randn(3, 3, 8, 8),), {}, tmp_path / "s.pt2")
     assert note == ("static shapes: [3, 3, 8, 8]", False)
 
+
+
+def test_quiet_torch_is_scoped_to_its_thread_and_block():
+    """While torch.export runs, torch's records below ERROR from the exporting thread are dropped; another thread's,
+    an ERROR and anything after the block pass, and no stream is redirected (it was process-wide: the torch logger's
+    level and sys.stdout/stderr for every thread)."""
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler, logger = Keep(), logging.getLogger("torch._onnx2torch_rnn_test")  # its level: torch's
+    logger.addHandler(handler)
+    logger.propagate = False
+    streams = sys.stdout, sys.stderr
+    try:
+        with codegen.quiet_torch():
+            assert (sys.stdout, sys.stderr) == streams
+            logger.warning("mine")
+            logger.error("my error")
+            other = threading.Thread(target=logger.warning, args=("another thread's",))
+            other.start()
+            other.join()
+        logger.warning("after")
+        assert records == ["my error", "another thread's", "after"]
+        assert handler.filters == []
+    finally:
+        logger.removeHandler(handler)

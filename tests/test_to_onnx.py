@@ -311,7 +311,7 @@ def test_dynamo_export_of_a_last_step_slice():
 
 # ---- command line ---------------------------------------------------------------------------------------------------
 
-def test_cli_writes_the_fine_tuned_model(tmp_path, capsys):
+def test_cli_writes_the_fine_tuned_model(tmp_path, capsys, recwarn):
     source = MODELS / "torch" / "ts_lstm_op14.onnx"
     module = onnx2torch_rnn.convert(source)
     with torch.no_grad():
@@ -321,6 +321,7 @@ def test_cli_writes_the_fine_tuned_model(tmp_path, capsys):
     out = tmp_path / "tuned.onnx"
     assert main(["to-onnx", str(source), "-o", str(out), "--weights", str(tmp_path / "tuned.pt"), "--dim",
                  "time=3"]) == 0
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)], "torch's deprecations are not shown"
     printed = capsys.readouterr().out
     assert f"wrote {out} (opset 14, 1 LSTM/GRU/RNN nodes, dynamic dims: batch, time)" in printed
     assert re.search(r"checked: onnxruntime matches the module at input shapes \[\[3, 4, 6\]\] and \[\[6, 7, 6\]\]",
