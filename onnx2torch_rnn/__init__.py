@@ -83,5 +83,5 @@ def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
     glue and zero initial states) and converts each as one recurrent module, exactly; ``fuse=False`` converts every
     node as written.
     """
-    return build(load_model(model, base_dir, dequantize=dequantize), fuse=fuse)
+    return build(load_model(model, base_dir, dequantize=dequantize, single_use=True), fuse=fuse)
 

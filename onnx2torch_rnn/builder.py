@@ -148,7 +148,7 @@ class ConversionContext:
             return None if name is None or not derive else self._derived(name)
         if name not in scope._constants:
             proto = scope._initializers.pop(name)
-            read = self.loaded.weights.pop(name, None) if scope.parent is None else None
+            read = self.loaded.weight(name) if scope.parent is None else None
             scope._constants[name] = read if read is not None else to_torch(proto, self.loaded.base_dir)
         return scope._constants[name]
 

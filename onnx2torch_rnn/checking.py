@@ -352,11 +352,11 @@ def compare(
     ``report.divergence`` to the first node whose output differs beyond tolerance.
 
     The model is parsed once: every step works on one ``LoadedModel``. Pass one (``load_model``) to share it with
-    the caller: not yet converted, or converted to ``module`` (conversion consumes its weights).
+    the caller, converted to ``module`` or not.
     Raises ReferenceRuntimeError when onnxruntime cannot run the model on the inputs, ModuleRunError when the
     module fails on inputs that onnxruntime runs.
     """
-    loaded = model if isinstance(model, LoadedModel) else load_model(model)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, single_use=True)
     feeds = random_inputs(loaded, seed, dims, int_ranges) if inputs is None else dict(inputs)
     module = build(loaded) if module is None else module
     expected = run_onnxruntime(loaded, feeds)

@@ -149,7 +149,7 @@ def check(args: argparse.Namespace, bar: ProgressBar) -> int:
 
     try:
         with bar:
-            loaded = load_model(args.model, dequantize=args.dequantize)
+            loaded = load_model(args.model, dequantize=args.dequantize, single_use=True)
             module = build(loaded, bar, fuse=args.fuse)
     except (Onnx2TorchError, FileNotFoundError) as error:
         return _fail(f"cannot convert {args.model}: {error}")
@@ -216,7 +216,7 @@ def convert(args: argparse.Namespace, bar: ProgressBar) -> int:
     outdir = Path(args.output)
     try:
         with bar:
-            loaded = load_model(args.model, dequantize=args.dequantize)
+            loaded = load_model(args.model, dequantize=args.dequantize, single_use=True)
             module = codegen.write(loaded, outdir, force=args.force, progress=bar, fuse=args.fuse)
     except OutputExistsError as error:
         return _fail(f"{error.path} exists; pass --force to overwrite it")
@@ -267,7 +267,7 @@ def to_onnx(args: argparse.Namespace, bar: ProgressBar) -> int:
 
     try:
         with bar:
-            module = build(load_model(args.model, dequantize=args.dequantize), bar, fuse=args.fuse)
+            module = build(load_model(args.model, dequantize=args.dequantize, single_use=True), bar, fuse=args.fuse)
     except (Onnx2TorchError, FileNotFoundError) as error:
         return _fail(f"cannot convert {args.model}: {error}")
     try:

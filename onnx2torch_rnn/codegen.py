@@ -459,7 +459,7 @@ def write(model: ModelSource | LoadedModel, outdir: str | os.PathLike, *, force:
         raise OutputExistsError(outdir)
     if isinstance(model, LoadedModel) and dequantize:
         raise ValueError("a LoadedModel is dequantized when it is loaded: load_model(..., dequantize=True)")
-    loaded = model if isinstance(model, LoadedModel) else load_model(model, dequantize=dequantize)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, dequantize=dequantize, single_use=True)
     module = build(loaded, progress, fuse=fuse)
     origin = model.source if isinstance(model, LoadedModel) else model
     source = generate(module, Path(origin).name if isinstance(origin, str | os.PathLike) else "")

@@ -39,8 +39,12 @@ class LoadedModel:
     weights: dict[str, torch.Tensor] = field(default_factory=dict)  # main-graph initializers already read
     # what was loaded, as given (path, bytes or ModelProto): onnxruntime runs it as the reference (checking.py)
     source: ModelSource | None = None
+    # converted once by the caller that loaded it (convert()): its weights move into the module rather than being
+    # copied, so each is held once
+    single_use: bool = False
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
     declared: dict[str, list[int | None]] = field(init=False)  # run-time graph input -> declared dims (None: symbolic)
+    taken: set[str] = field(init=False, default_factory=set, repr=False)  # single-use: what a conversion took
 
     def __post_init__(self):
         graphs = list(subgraphs(self.inferred.graph))
@@ -52,6 +56,21 @@ class LoadedModel:
                                      for d in info.type.tensor_type.shape.dim]
                          for info in self.proto.graph.input
                          if info.name not in initializers and info.type.tensor_type.HasField("shape")}
+
+    def weight(self, name: str) -> torch.Tensor | None:
+        """The main-graph initializer ``name`` if it was read at load time (else None: the builder reads it from the
+        proto), for one conversion to own: a copy, so that every conversion gets its own parameters; a single-use
+        model's tensor itself, taken from it."""
+        if self.single_use:
+            if name in self.taken:
+                raise ValueError(f"weight {name!r} of this single-use LoadedModel went to an earlier conversion "
+                                 "(load_model(..., single_use=False) loads a model to convert any number of times)")
+            weight = self.weights.pop(name, None)
+            if weight is not None:
+                self.taken.add(name)
+            return weight
+        weight = self.weights.get(name)
+        return None if weight is None else weight.clone()
 
 
 def subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -77,11 +96,13 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 
 def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *,
-               dequantize: bool = False) -> LoadedModel:
+               dequantize: bool = False, single_use: bool = False) -> LoadedModel:
     """Parse and validate a model from a path, serialized bytes or a ModelProto.
 
     ``base_dir`` is where external data lives for bytes/ModelProto sources (a path source uses its own folder).
     ``dequantize`` rewrites a quantized graph into the float graph it approximates (see ``dequantize.py``).
+    The model converts any number of times, each conversion with its own parameters; ``single_use``: once, its
+    weights moving into the module (no copy: for a caller that converts the model it loaded and drops it).
     """
     if isinstance(source, onnx.ModelProto):
         proto = source
@@ -119,7 +140,7 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     newest = onnx.defs.onnx_opset_version()  # the installed onnx's schemas: what the converters are resolved by
     if opsets.get("", 0) > newest:
         raise UnsupportedOpsetError("", opsets[""], newest)
-    return LoadedModel(proto, skeleton, base_dir, opsets, weights, source)
+    return LoadedModel(proto, skeleton, base_dir, opsets, weights, source, single_use)
 
 
 def parse_file(path: str | os.PathLike) -> onnx.ModelProto:

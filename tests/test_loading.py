@@ -9,7 +9,9 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn import InvalidModelError
+from onnx2torch_rnn import ConversionError, InvalidModelError
+from onnx2torch_rnn.builder import build
+from onnx2torch_rnn.loading import load_model
 from tests.helpers import make_model
 
 
@@ -159,3 +161,32 @@ def test_initializer_data_that_does_not_fit_its_dims_is_refused(tensor):
                               [helper.make_tensor_value_info("y", tensor.data_type, [3])], [tensor])
     with pytest.raises(InvalidModelError, match=r"'w'|name: w\)"):
         onnx2torch_rnn.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_loaded_model_converts_any_number_of_times():
+    """Each conversion of one LoadedModel gets its own parameters (building took its weights: a second one lost
+    them); a single-use one (what convert() loads) gives its weights to the one conversion and refuses another."""
+    rng = np.random.default_rng(0)
+    weights = {"m": rng.standard_normal((40, 40)).astype(np.float32),
+               "W": rng.standard_normal((1, 64, 40)).astype(np.float32) * 0.2,
+               "R": rng.standard_normal((1, 64, 16)).astype(np.float32) * 0.2}
+    nodes = [helper.make_node("MatMul", ["x", "m"], ["h"]),
+             helper.make_node("LSTM", ["h", "W", "R"], ["y"], hidden_size=16)]
+    data = make_model(nodes, [("x", np.float32, ["T", "N", 40])], ["y"], weights).SerializeToString()
+    loaded = load_model(data)
+    assert set(loaded.weights) == {"m", "W"}  # over SKELETON_MAX_ELEMENTS: read at load time
+    first, second = build(loaded), build(loaded)
+    x = torch.randn(5, 2, 40)
+    with torch.no_grad():
+        expected = first(x)
+        for p in first.parameters():
+            p.add_(1.0)
+        torch.testing.assert_close(second(x), expected, rtol=0, atol=0)
+        torch.testing.assert_close(build(loaded)(x), expected, rtol=0, atol=0)
+    stored = {t.data_ptr() for t in loaded.weights.values()}
+    assert not stored & {p.data_ptr() for p in second.parameters()}
+    once = load_model(data, single_use=True)
+    build(once)
+    assert not once.weights
+    with pytest.raises(ConversionError, match="single-use LoadedModel went to an earlier conversion"):
+        build(once)
