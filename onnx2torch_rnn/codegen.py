@@ -30,6 +30,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -55,8 +56,9 @@ class CodegenError(Onnx2TorchError):
 # code spells them.
 _NAMESPACES = (("torch", torch), ("F", F), ("torch.Tensor", torch.Tensor), ("nn", nn), ("torch.special", torch.special),
                ("torch.linalg", torch.linalg), ("operator", operator), ("math", math))
-_ALIASES = {"torch": "import torch", "nn": "from torch import nn", "F": "import torch.nn.functional as F",
-            "operator": "import operator", "math": "import math"}
+_ALIASES = MappingProxyType({"torch": "import torch", "nn": "from torch import nn",
+                             "F": "import torch.nn.functional as F", "operator": "import operator",
+                             "math": "import math"})
 
 
 class _Names:
@@ -261,7 +263,7 @@ def _norm(m: nn.modules.batchnorm._NormBase) -> dict:
 # The torch.nn module types converters create, each with its constructor arguments read from its public attributes.
 # Exact types only: a subclass may take other arguments. Parameters and buffers are not arguments: the code builds
 # them on the meta device and load() assigns the saved ones.
-_TORCH_MODULES: dict[type[nn.Module], Callable[[nn.Module], dict]] = {
+_TORCH_MODULES: Mapping[type[nn.Module], Callable[[nn.Module], dict]] = MappingProxyType({
     nn.Linear: lambda m: {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None},
     **dict.fromkeys((nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
                     _conv),
@@ -274,7 +276,7 @@ _TORCH_MODULES: dict[type[nn.Module], Callable[[nn.Module], dict]] = {
     nn.PReLU: lambda m: {"num_parameters": m.num_parameters, "init": m.init},
     nn.Identity: lambda m: {},
     nn.Sequential: lambda m: {"args": list(m)},
-}
+})
 
 
 def _torch_arguments(module: nn.Module, where: str) -> dict:

@@ -22,7 +22,8 @@ Anything else stays as it is and is converted exactly. Subgraph bodies are not r
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import onnx
 import torch
@@ -468,7 +469,7 @@ def _dynamic_quantize_lstm(r: _Rewriter, node) -> bool:
     return True
 
 
-LOWERINGS: dict[tuple[str, str], Callable[[_Rewriter, onnx.NodeProto], bool]] = {
+LOWERINGS: Mapping[tuple[str, str], Callable[[_Rewriter, onnx.NodeProto], bool]] = MappingProxyType({
     ("", "DequantizeLinear"): _dequantize_linear,
     ("com.microsoft", "DequantizeLinear"): _dequantize_linear,
     ("", "QLinearConv"): _qlinear_conv,
@@ -485,5 +486,5 @@ LOWERINGS: dict[tuple[str, str], Callable[[_Rewriter, onnx.NodeProto], bool]] = 
     ("com.microsoft", "DynamicQuantizeMatMul"): _dynamic_quantize_matmul,
     ("com.microsoft", "MatMulIntegerToFloat"): _matmul_integer_to_float,
     ("com.microsoft", "DynamicQuantizeLSTM"): _dynamic_quantize_lstm,
-}
+})
 

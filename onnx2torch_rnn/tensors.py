@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -11,7 +13,7 @@ from onnx import TensorProto, numpy_helper
 
 from .errors import InvalidModelError, UnsupportedTypeError
 
-TORCH_DTYPES: dict[int, torch.dtype] = {
+TORCH_DTYPES: Mapping[int, torch.dtype] = MappingProxyType({
     TensorProto.FLOAT: torch.float32,
     TensorProto.DOUBLE: torch.float64,
     TensorProto.FLOAT16: torch.float16,
@@ -27,8 +29,8 @@ TORCH_DTYPES: dict[int, torch.dtype] = {
     TensorProto.BOOL: torch.bool,
     TensorProto.COMPLEX64: torch.complex64,
     TensorProto.COMPLEX128: torch.complex128,
-}
-ONNX_DTYPES: dict[torch.dtype, int] = {v: k for k, v in TORCH_DTYPES.items()}
+})
+ONNX_DTYPES: Mapping[torch.dtype, int] = MappingProxyType({v: k for k, v in TORCH_DTYPES.items()})
 
 
 def torch_dtype(onnx_type: int) -> torch.dtype:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 
 import torch
 from torch import Tensor, fx, nn
@@ -83,7 +84,7 @@ def flat_weight_names(rnn: nn.RNNBase) -> tuple[str, ...]:
     return tuple(names)
 
 
-_FX_BUILTINS_FALLBACK = {
+_FX_BUILTINS_FALLBACK = MappingProxyType({
     "inf": "from math import inf",
     "nan": "from math import nan",
     "NoneType": "NoneType = type(None)",
@@ -91,7 +92,7 @@ _FX_BUILTINS_FALLBACK = {
     "device": "from torch import device",
     "fx_pytree": "import torch.fx._pytree as fx_pytree",
     "pytree": "import torch.utils._pytree as pytree",
-}
+})
 
 
 def fx_builtin_imports() -> dict[str, str]:

@@ -8,7 +8,8 @@ Most ops are one function with the ONNX attributes as keyword arguments: they li
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import onnx
 import torch
@@ -28,7 +29,7 @@ _ALL_INTS = "Every integer width, unsigned ones included (computed bit-exactly).
 _VARIADIC = "Any number of inputs with numpy broadcasting."
 
 # op -> (function(*inputs, **attributes), since_versions, note for operators.md)
-_FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...], str]] = {
+_FUNCTIONS: Mapping[str, tuple[Callable, tuple[int, ...], str]] = MappingProxyType({
     # arithmetic
     "Add": (ew.add, (7, 13, 14), _ALL_INTS),
     "Sub": (ew.sub, (7, 13, 14), _ALL_INTS),
@@ -93,7 +94,7 @@ _FUNCTIONS: dict[str, tuple[Callable, tuple[int, ...], str]] = {
     "Softsign": (F.softsign, (1, 22), ""),
     "Mish": (F.mish, (18, 22), ""),
     "ThresholdedRelu": (ew.thresholded_relu, (10, 22), "NaN gives 0, as in onnxruntime."),
-}
+})
 
 
 def _function_converter(op: str, fn: Callable, note: str):
@@ -203,7 +204,7 @@ def prelu(node: OnnxNode, ctx) -> Converted:
     return Converted(module, [x])
 
 
-_SOFTMAX = {"Softmax": torch.softmax, "LogSoftmax": torch.log_softmax, "Hardmax": ew.hardmax}
+_SOFTMAX = MappingProxyType({"Softmax": torch.softmax, "LogSoftmax": torch.log_softmax, "Hardmax": ew.hardmax})
 
 
 def softmax(node: OnnxNode, ctx) -> Converted:

@@ -7,6 +7,8 @@ used by that node only and torch can express the geometry exactly; otherwise a g
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,10 +22,10 @@ from .shape import converted
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 SAME = ("SAME_UPPER", "SAME_LOWER")
-TORCH_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
-TORCH_CONV_TRANSPOSE = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
-TORCH_BATCH_NORM = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}
-TORCH_INSTANCE_NORM = {3: nn.InstanceNorm1d, 4: nn.InstanceNorm2d, 5: nn.InstanceNorm3d}
+TORCH_CONV = MappingProxyType({1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d})
+TORCH_CONV_TRANSPOSE = MappingProxyType({1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d})
+TORCH_BATCH_NORM = MappingProxyType({2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d})
+TORCH_INSTANCE_NORM = MappingProxyType({3: nn.InstanceNorm1d, 4: nn.InstanceNorm2d, 5: nn.InstanceNorm3d})
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -469,8 +471,8 @@ def resize(node: OnnxNode, ctx) -> Converted:
     return Converted(module, [node.input(0), roi.run_time, scales.run_time, sizes.run_time])
 
 
-GRID_SAMPLE_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest", "bicubic": "bicubic",
-                     "cubic": "bicubic"}  # opset 16's names and opset 20's
+GRID_SAMPLE_MODES = MappingProxyType({"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest",
+                                      "bicubic": "bicubic", "cubic": "bicubic"})  # opset 16's names and opset 20's
 
 
 @register_converter("GridSample", (16, 20, 22))

@@ -7,6 +7,8 @@ defaults, and the builder refuses any other.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from ..modules import quantized as q
@@ -187,7 +189,7 @@ def qgemm(node: OnnxNode, ctx) -> Converted:
     return Converted(module, node.inputs)
 
 
-_LSTM_QUANTIZED = {"W": 1, "R": 2, "W_scale": 8, "W_zero_point": 9, "R_scale": 10, "R_zero_point": 11}
+_LSTM_QUANTIZED = MappingProxyType({"W": 1, "R": 2, "W_scale": 8, "W_zero_point": 9, "R_scale": 10, "R_zero_point": 11})
 
 
 @register_converter("DynamicQuantizeLSTM", 1, MS)

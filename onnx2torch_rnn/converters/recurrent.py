@@ -8,6 +8,8 @@ them.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from ..errors import InvalidModelError
@@ -16,7 +18,7 @@ from ..recurrent import InvalidAttribute, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent
 from ..recurrent.validation import INPUTS, InvalidInput, check_lengths_dtype, check_shapes
 from ..registry import register_converter
 
-_WEIGHTS = {"W": 1, "R": 2, "B": 3, "P": 7}  # input index of each weight-like input
+_WEIGHTS = MappingProxyType({"W": 1, "R": 2, "B": 3, "P": 7})  # input index of each weight-like input
 
 _COMMON = """
 - Inputs: each optional input may be absent or ''; B and the initial states default to zeros. W, R, B and P may be

@@ -5,13 +5,16 @@ The table gives each op's ONNX versions and the version from which ``axes`` is a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from ..modules.shape import Reduce
 from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 from .shape import converted
 
 # op -> (ONNX versions, version from which axes is an input and noop_with_empty_axes exists)
-REDUCE_OPS: dict[str, tuple[tuple[int, ...], int]] = {
+REDUCE_OPS: Mapping[str, tuple[tuple[int, ...], int]] = MappingProxyType({
     "ReduceSum": ((1, 11, 13), 13),
     "ReduceMean": ((1, 11, 13, 18), 18),
     "ReduceMax": ((1, 11, 12, 13, 18, 20), 18),
@@ -22,7 +25,7 @@ REDUCE_OPS: dict[str, tuple[tuple[int, ...], int]] = {
     "ReduceLogSum": ((1, 11, 13, 18, 28), 18),
     "ReduceLogSumExp": ((1, 11, 13, 18, 28), 18),
     "ReduceSumSquare": ((1, 11, 13, 18), 18),
-}
+})
 
 
 def reduce(node: OnnxNode, ctx) -> Converted:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -16,9 +17,9 @@ import torch.nn.functional as F
 
 from .common import Module, attributes_repr, ceil_div, trunc_div
 
-CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
-CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
-MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+CONV = MappingProxyType({1: F.conv1d, 2: F.conv2d, 3: F.conv3d})
+CONV_TRANSPOSE = MappingProxyType({1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d})
+MAX_POOL = MappingProxyType({1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d})
 
 
 def per_axis(value, n: int, default: int) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -490,7 +491,7 @@ _TANH_P = _float32(-2.76076847742355e-16, 2.00018790482477e-13, -8.6046715221373
                    5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
 _TANH_Q = _float32(1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,  # beta_6 ... beta_0
                    4.89352518554385e-03)
-MLAS_ACTIVATIONS = {"Sigmoid": mlas_logistic, "Tanh": mlas_tanh}
+MLAS_ACTIVATIONS = MappingProxyType({"Sigmoid": mlas_logistic, "Tanh": mlas_tanh})
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 

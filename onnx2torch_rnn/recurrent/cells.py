@@ -13,8 +13,9 @@ weights' format, as the one string the recurrent op carries (see op.py for the f
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ class InvalidAttribute(ValueError):
 # name -> (onnxruntime's defaults for the parameters it consumes: none, alpha, or alpha and beta; function).
 # The defaults are onnxruntime's (rnn_helpers.cc): LeakyRelu 0.01, HardSigmoid 0.2/0.5, Elu 1.0, others 0 (the spec
 # says "as the ONNX operator", which would give Affine and ThresholdedRelu alpha 1.0; onnxruntime uses 0).
-ACTIVATIONS: dict[str, tuple[tuple[float, ...], Callable[[Tensor, float, float], Tensor]]] = {
+ACTIVATIONS: Mapping[str, tuple[tuple[float, ...], Callable[[Tensor, float, float], Tensor]]] = MappingProxyType({
     "Relu": ((), lambda x, a, b: torch.relu(x)),
     "Tanh": ((), lambda x, a, b: torch.tanh(x)),
     "Sigmoid": ((), lambda x, a, b: torch.sigmoid(x)),
@@ -50,7 +51,7 @@ ACTIVATIONS: dict[str, tuple[tuple[float, ...], Callable[[Tensor, float, float],
     # The literal formula, as onnxruntime computes it: inf where exp overflows (x > 88.7 in float32), where
     # F.softplus would return x.
     "Softplus": ((), lambda x, a, b: torch.log(torch.exp(x) + 1)),
-}
+})
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ LSTM_CELL = Cell("LSTM", "iofc", "ifco", True, ("Sigmoid", "Tanh", "Tanh"), lstm
 GRU_CELL = Cell("GRU", "zrh", "rzh", False, ("Sigmoid", "Tanh"), gru_step, _gru_mode,
                 lambda cfg: "h" if cfg.linear_before_reset else "")
 RNN_CELL = Cell("RNN", "h", "h", False, ("Tanh",), rnn_step, _rnn_mode)
-CELLS = {cell.op_type: cell for cell in (LSTM_CELL, GRU_CELL, RNN_CELL)}
+CELLS = MappingProxyType({cell.op_type: cell for cell in (LSTM_CELL, GRU_CELL, RNN_CELL)})
 
 
 # ---------------------------------------------------------------------------------------------------------------

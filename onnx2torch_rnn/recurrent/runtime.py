@@ -16,6 +16,7 @@ onnxruntime is the reference throughout; where it departs from the written spec 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -24,7 +25,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .cells import Cell, RecurrentConfig
 from .validation import check_lengths_dtype, check_shape, check_shapes
 
-_TORCH_KERNELS = {"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh, "RNN_RELU": torch.rnn_relu}
+_TORCH_KERNELS = MappingProxyType({"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh,
+                                   "RNN_RELU": torch.rnn_relu})
 
 
 def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: Tensor | None, B: Tensor | None = None,

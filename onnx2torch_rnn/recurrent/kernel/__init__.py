@@ -10,6 +10,7 @@ op runs its Python implementation (recurrent/runtime.py), which computes the sam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -21,14 +22,13 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("recurrent.cpp", "config.h", "vec.h")]
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("recurrent.cpp", "config.h", "vec.h"))
 # -fopenmp: at::parallel_for is inline OpenMP code, serial without it; the OpenMP runtime it binds to at load time
 # is the libgomp.so.1 torch has already loaded (same soname), so there is one thread pool.
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp"]
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp")
 ENVIRONMENT = "ONNX2TORCH_RNN_NATIVE"  # "0": never build or load the kernel (the Python implementation runs)
 
-_lock = threading.Lock()
-_state: dict[str, bool] = {}  # "loaded": the outcome of the one attempt per process
+_lock = threading.Lock()  # one attempt at a time
 
 
 def enabled() -> bool:
@@ -48,14 +48,17 @@ def _name() -> str:
 def load() -> bool:
     """Build (first time only) and load the kernel; False, with one warning, where that is not possible."""
     with _lock:
-        if "loaded" not in _state:
-            _state["loaded"] = _try_load()
-        return _state["loaded"]
+        return _attempt()
+
+
+@functools.cache  # one attempt per process: a library once loaded stays registered with torch
+def _attempt() -> bool:
+    return _try_load()
 
 
 def loaded() -> bool:
     """Whether the kernel is registered (never builds)."""
-    return _state.get("loaded", False)
+    return _attempt.cache_info().currsize == 1 and _attempt()
 
 
 def _try_load() -> bool:
@@ -65,7 +68,7 @@ def _try_load() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(_name(), [str(SOURCES[0])], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(_name(), [str(SOURCES[0])], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
                            is_python_module=False,
                            verbose=logger.isEnabledFor(logging.DEBUG))
     except Exception as error:  # no compiler, no ninja, a failed build: the Python implementation runs instead
