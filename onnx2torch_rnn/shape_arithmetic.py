@@ -22,7 +22,8 @@ import contextlib
 import functools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 from onnx import NodeProto, TensorProto
@@ -41,13 +42,13 @@ class _NotShape(Exception):
     """The value is not (only) integer arithmetic on tensor sizes and constants."""
 
 
-_INTEGER_TYPES = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8,
-                  TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64}
+_INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+                            TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
 
 # ONNX's element-wise ops on ints: the meaning of modules/elementwise.py's ops on Python ints and symbolic sizes
-ARITHMETIC: dict[str, Callable] = {"Add": operator.add, "Sub": operator.sub, "Mul": operator.mul, "Div": trunc_div,
-                                   "Max": torch.sym_max, "Min": torch.sym_min, "Equal": operator.eq,
-                                   "Where": ew.where}
+ARITHMETIC: Mapping[str, Callable] = MappingProxyType({
+    "Add": operator.add, "Sub": operator.sub, "Mul": operator.mul, "Div": trunc_div, "Max": torch.sym_max,
+    "Min": torch.sym_min, "Equal": operator.eq, "Where": ew.where})
 _KEEPS_SIGN = (operator.add, operator.mul, operator.floordiv, torch.sym_max, torch.sym_min)
 
 
@@ -354,7 +355,7 @@ def _split(t, node, output):
     return source[start:start + sizes[output]]
 
 
-_EXPRESSIONS: dict[str, Callable] = {
+_EXPRESSIONS: Mapping[str, Callable] = MappingProxyType({
     "Shape": _shape,
     "Size": lambda t, node, output: t.numel(node.input(0)),
     "Identity": lambda t, node, output: t.value(node.input(0)),
@@ -369,4 +370,4 @@ _EXPRESSIONS: dict[str, Callable] = {
     "ConstantOfShape": _fill,
     "Split": _split,
     **dict.fromkeys(ARITHMETIC, _elementwise),
-}
+})

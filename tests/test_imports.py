@@ -134,11 +134,6 @@ def test_the_length_check_sees_a_long_function():
 
 # The registries are the package's only module-level mutable state: converters with their static inputs, patterns.
 REGISTRIES = {"registry._CONVERTERS", "registry._STATIC", "passes._PATTERNS"}
-# Tables not yet constant, in files other work of issue 14 is reshaping (shape expressions as fx nodes; recognition
-# passes): make each a MappingProxyType/frozenset/tuple there and drop it here (a name listed but gone fails)
-PENDING = {"modules.shape._SCATTER_REDUCE", "modules.shape.SHAPE_OPS", "modules.shape.REDUCTIONS",
-           "converters.shape._SCATTER_REDUCTIONS", "shape_arithmetic._INTEGER_TYPES", "shape_arithmetic._EXPRESSIONS",
-           "passes.loops._ACTIVATIONS"}
 _MUTABLE_DISPLAYS = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
 _MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "Counter", "deque"}
 
@@ -162,12 +157,12 @@ def mutable_globals(source: str) -> list[tuple[str, int]]:
 
 
 def test_no_module_level_mutable_state_besides_the_registries():
-    """Tables are constant (MappingProxyType, frozenset, tuple); a cache is a documented functools.cache of a pure
-    function. Mutable globals are state that one conversion leaves to the next, or one thread to another."""
+    """Tables are constant (MappingProxyType, frozenset, tuple); a cache is a documented functools.cache (of a pure
+    function, or the kernel's one load attempt). Mutable globals are state that one conversion leaves to the next,
+    or one thread to another."""
     found = {f"{name.removeprefix(PACKAGE + '.')}.{variable}" for name, path in modules().items()
              for variable, _ in mutable_globals(path.read_text())}
-    assert not found - REGISTRIES - PENDING, sorted(found - REGISTRIES - PENDING)
-    assert not (REGISTRIES | PENDING) - found, f"gone or constant, drop from PENDING: {(REGISTRIES | PENDING) - found}"
+    assert found == REGISTRIES, sorted(found - REGISTRIES)
 
 
 def test_the_state_check_sees_mutable_globals():

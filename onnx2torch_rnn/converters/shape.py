@@ -9,6 +9,7 @@ Reshape) the module takes them as tensors instead, with the same semantics.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import torch
 from onnx import TensorProto
@@ -164,7 +165,8 @@ def gather_nd(node: OnnxNode, ctx) -> Converted:
     return Converted(m.GatherND(node.attr("batch_dims", 0)), node.inputs)
 
 
-_SCATTER_REDUCTIONS = {1: ("none",), 16: ("none", "add", "mul"), 18: ("none", "add", "mul", "max", "min")}
+_SCATTER_REDUCTIONS = MappingProxyType({1: ("none",), 16: ("none", "add", "mul"),
+                                        18: ("none", "add", "mul", "max", "min")})
 
 
 def _reduction(node: OnnxNode) -> str:

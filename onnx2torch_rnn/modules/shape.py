@@ -14,7 +14,8 @@ from the tensors' sizes (shape_arithmetic.py): symbolic sizes tied to the inputs
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 
@@ -252,7 +253,7 @@ class GatherND(_Attributes):
 
 
 _INT32_MAX = 2**31 - 1
-_SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+_SCATTER_REDUCE = MappingProxyType({"add": "sum", "mul": "prod", "max": "amax", "min": "amin"})
 
 
 def scatter(data, dim: int, index, updates, reduction: str):
@@ -571,7 +572,7 @@ def _square(x):
     return x * x
 
 
-REDUCTIONS: dict[str, tuple[Callable | None, Callable, Callable | None]] = {
+REDUCTIONS: Mapping[str, tuple[Callable | None, Callable, Callable | None]] = MappingProxyType({
     "ReduceSum": (None, _sum, None),
     "ReduceMean": (None, _mean, None),
     "ReduceMax": (None, _extreme(torch.amax, largest=True), None),
@@ -582,7 +583,7 @@ REDUCTIONS: dict[str, tuple[Callable | None, Callable, Callable | None]] = {
     "ReduceLogSum": (None, _sum, torch.log),
     "ReduceLogSumExp": (None, _log_sum_exp, None),
     "ReduceSumSquare": (_square, _sum, None),
-}
+})
 
 
 class Reduce(_Attributes):

@@ -20,6 +20,7 @@ old``, tf2onnx's SelectV2) the recurrent node selects exactly: they differ only 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -30,9 +31,9 @@ from .stacked import _dim, _op, _rank, _shape_vector
 
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 # activation ops and the ONNX recurrent activation they are, with the attributes they take and their defaults
-_ACTIVATIONS = {"Sigmoid": (), "Tanh": (), "Relu": (), "Softsign": (), "Softplus": (),
-                "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)), "LeakyRelu": (("alpha", 0.01),),
-                "Elu": (("alpha", 1.0),), "ThresholdedRelu": (("alpha", 1.0),)}
+_ACTIVATIONS = MappingProxyType({"Sigmoid": (), "Tanh": (), "Relu": (), "Softsign": (), "Softplus": (),
+                                 "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)), "LeakyRelu": (("alpha", 0.01),),
+                                 "Elu": (("alpha", 1.0),), "ThresholdedRelu": (("alpha", 1.0),)})
 
 
 @dataclass(eq=False)
