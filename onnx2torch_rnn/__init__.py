@@ -37,6 +37,7 @@ from .passes import Fusion, GraphView, register_pattern
 from .passes import loops as _loops  # noqa: F401 - registers the built-in recognition patterns
 from .passes import scans as _scans  # noqa: F401
 from .passes import stacked as _stacked  # noqa: F401
+from .passes import unrolled as _unrolled  # noqa: F401
 from .recurrent import onnx_translation_table
 from .registry import register_converter
 

@@ -648,6 +648,7 @@ class _Match:
     direction: str = "forward"  # "reverse": a Scan reading x and writing y from the last step to the first
     x_backwards: bool = False  # a forward recurrence over x from its last step to its first (scans.py)
     y_backwards: bool = False  # ... writing y from its last step to its first
+    window: tuple[int, int | None] | None = None  # the steps of x it reads (unrolled.py), None: all
 
 
 def _select(f: Form) -> tuple[Form, Form | None] | None:
@@ -897,4 +898,5 @@ def looped(match: _Match, *, feeds_next: bool = False):
                         dtype=dtype, mask_output=match.mask_output)
     return LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
                            mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted,
-                           x_backwards=match.x_backwards, y_backwards=match.y_backwards)
+                           x_backwards=match.x_backwards, y_backwards=match.y_backwards,
+                           window=match.window)

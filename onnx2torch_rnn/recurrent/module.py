@@ -250,11 +250,14 @@ class LoopedRecurrent(Module):
     and the last output (y's last step). With zero steps the states are the initial ones (the loop does not run).
     ``x_backwards`` / ``y_backwards``: the loop reads x / writes y from the last step to the first (a Scan's
     directions; the mask or lengths count the loop's steps).
+    With ``window`` (start, stop) the layer runs over ``x[start:stop]`` only (an unrolled cell, ``passes/unrolled.py``,
+    reads the steps its exporter unrolled), and x must have those steps, as the unrolled graph requires.
     """
 
     def __init__(self, layer: Recurrent, *, initial_h: bool = False, initial_c: bool = False, mask: bool = False,
                  lengths: bool = False, outputs: Sequence[bool] = (True, False, False, False),
-                 x_backwards: bool = False, y_backwards: bool = False):
+                 x_backwards: bool = False, y_backwards: bool = False,
+                 window: tuple[int, int | None] | None = None):
         super().__init__()
         if mask and lengths:
             raise ValueError("a looped layer takes either a mask or lengths, not both")
@@ -262,8 +265,14 @@ class LoopedRecurrent(Module):
         self.initial_h, self.initial_c, self.mask, self.lengths = initial_h, initial_c, mask, lengths
         self.outputs = tuple(outputs)
         self.x_backwards, self.y_backwards = x_backwards, y_backwards
+        self.window = None if window is None else tuple(window)
 
     def forward(self, x: Tensor, *args: Tensor):
+        if self.window is not None:
+            start, stop = self.window
+            needed = stop if start >= 0 else -start
+            torch._check(x.shape[0] >= needed, lambda: f"the unrolled cell reads {needed} steps: x has fewer")
+            x = x[start:stop]
         args = list(args)
         if self.x_backwards:
             x = x.flip(0)
@@ -296,7 +305,8 @@ class LoopedRecurrent(Module):
     def extra_repr(self) -> str:
         flags = [name for name in ("initial_h", "initial_c", "mask", "lengths", "x_backwards", "y_backwards")
                  if getattr(self, name)]
-        return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"])
+        window = [f"window={self.window}"] if self.window is not None else []
+        return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"] + window)
 
 
 class LoopedStack(Module):

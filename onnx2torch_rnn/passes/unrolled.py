@@ -1,0 +1,669 @@
+"""Unrolled cells: T copies of one cell step in the main graph, chained through their states, become one node.
+
+Exporters that cannot emit a recurrent op unroll it: dynamo writes nn.RNN as a MatMul of the whole input, a
+SplitToSequence over time and, per step, MatMul / Add / Tanh (or Relu) of the previous state; hand-written or
+streaming models spell an LSTM / GRU step with Gemm / MatMul, Split / Slice of the gates, activations, Mul / Add.
+
+Found from the per-step slices of one time-major value S [T, N, F] (SequenceAt of SplitToSequence, Split, Slice,
+Gather along axis 0, maybe Squeezed; a Squeeze of a [1, N, F] value is one step), S being an affine map of x (MatMul
+by a constant, Add of a constant row, maybe a time flip) read in x's order forwards or backwards. Every value
+downstream of the slices through the evaluator's ops is assigned to the step of the latest slice it depends on
+(``_steps``). Each step is evaluated symbolically (passes/loops.py's ``_Evaluator``: affine forms over atoms) with
+fresh atoms for the states it reads from the previous step (or the initial states) and must satisfy the same cell
+equations with the same weights (``_lstm`` / ``_gru`` / ``_rnn`` / ``_weights``); the evaluator here also tracks
+ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays aligned) and understands Gemm and Squeeze /
+Unsqueeze of axis 0. What else is proven: the values a fusion drops are read only inside it, except the
+reassembled outputs (Concat over axis 0 of every step's h [1, N, H], in x's order: the node's Y) and the final h
+and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N proven to be
+x's batch; the weights are read by nothing else. Where the steps read only some of S's steps (dynamo specialises
+to the export's length), the fused layer reads that window of x (``LoopedRecurrent(window=...)``) and fails, as the
+graph does, where x is shorter. Each chain (a layer and a direction) becomes one ``LoopedRecurrent``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import permutations
+
+import numpy as np
+import onnx
+
+from ..node import read_names
+from . import Fusion, GraphView, attribute, register_pattern
+from .loops import (
+    _ACTIVATIONS,
+    Atom,
+    Form,
+    _add,
+    _constant_form,
+    _convert,
+    _Evaluator,
+    _gru,
+    _leaf,
+    _lstm,
+    _Match,
+    _rnn,
+    _runtime,
+    _same,
+    _scale,
+    _single,
+    _weights,
+    _zero,
+)
+from .stacked import _axes, _dim, _op, _rank, _slice
+
+_BIG = 2 ** 31 - 1  # a Slice end at least this large runs to the end of the axis
+# ops whose value is (a form of) the step's: the dependency on the slices goes through them
+_FORM_OPS = {"MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Identity", "Cast", "Squeeze", "Unsqueeze", "Split",
+             "Slice", "Clip", "Min", "Max", "Concat", *_ACTIVATIONS}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The evaluator: loops' forms, with ranks
+
+
+class _StepEvaluator(_Evaluator):
+    """Forms of the main graph's values, each with its rank: [1, ..., 1, N, width] (leading 1s only, so that
+    broadcasting keeps the batch axes aligned). Feature-axis ops (Split, Slice, Concat, Gemm) are understood on
+    rank 2 only."""
+
+    def __init__(self, view: GraphView):
+        super().__init__(view, onnx.GraphProto(), {})
+        self.ranks: dict[str, int] = {}
+
+    def set(self, name: str, value: Form, rank: int) -> None:
+        self.env[name], self.ranks[name] = value, rank
+
+    def run(self, nodes: list[onnx.NodeProto]) -> None:
+        for node in nodes:
+            args = [self.value(v) if v else None for v in node.input]
+            outputs = self.node(node, args) or []
+            rank = self._rank(node, args)
+            for name, value in zip(node.output, [*outputs, *[None] * len(node.output)], strict=False):
+                if isinstance(value, Form) and rank is not None:
+                    self.set(name, value, rank)
+                else:
+                    self.env[name] = None if isinstance(value, Form) else value
+
+    def _rank(self, node: onnx.NodeProto, args: list) -> int | None:
+        ranks = [self.ranks.get(n) if isinstance(a, Form) else np.ndim(a) if isinstance(a, np.ndarray) else None
+                 for n, a in zip(node.input, args, strict=True) if a is not None]
+        forms = [self.ranks.get(n) for n, a in zip(node.input, args, strict=True) if isinstance(a, Form)]
+        if not forms or None in forms:
+            return None
+        if node.op_type in ("Squeeze", "Unsqueeze"):
+            return forms[0] + (1 if node.op_type == "Unsqueeze" else -1)
+        if node.op_type in ("Split", "Slice", "Concat", "Gemm") and set(forms) != {2}:
+            return None
+        return None if None in ranks else max(ranks)
+
+    def _Gather(self, node, data, index):
+        return None  # a step is a leaf here, not a gather of the loop's counter
+
+    def _Squeeze(self, node, a, axes=None):
+        axes = attribute(node, "axes") if axes is None else np.reshape(axes, -1).tolist()
+        rank = self.ranks.get(node.input[0])
+        return [a] if isinstance(a, Form) and rank is not None and rank > 2 and axes in ([0], [-rank]) else None
+
+    def _Unsqueeze(self, node, a, axes=None):
+        axes = attribute(node, "axes") if axes is None else np.reshape(axes, -1).tolist()
+        return [a] if isinstance(a, Form) and axes == [0] else None
+
+    def _Gemm(self, node, a, b, c=None):
+        if not isinstance(b, np.ndarray) or attribute(node, "transA", 0) or (c is not None and not isinstance(
+                c, np.ndarray)):
+            return None
+        product = self._MatMul(node, a, b.T if attribute(node, "transB", 0) else b)
+        if not product or product[0] is None:
+            return None
+        result = _scale(product[0], float(attribute(node, "alpha", 1.0)))
+        if c is None or result is None:
+            return [result]
+        bias = _constant_form(np.asarray(c, np.float64) * float(attribute(node, "beta", 1.0)))
+        return [None if bias is None else _add(result, bias)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-step slices of one value along time
+
+
+@dataclass
+class _Slices:
+    source: str  # S, sliced along axis 0
+    steps: dict[int, tuple[str, int]] = field(default_factory=dict)  # position in S -> (leaf value, its rank)
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    exact: bool = False  # the slicing proves dim 0 of S is the number of steps (Split into ones, Squeeze)
+
+
+def _slice_of(view: GraphView, node: onnx.NodeProto) -> tuple[str, int, str, list] | None:
+    """(S, position, the step's value, nodes) of one step sliced from S along axis 0 by ``node``."""
+    if _op(node, "SequenceAt"):
+        split = view.producer.get(node.input[0])
+        index = view.ints(node.input[1])
+        if not (_op(split, "SplitToSequence") and len(split.input) == 1 and attribute(split, "axis", 0) == 0
+                and index is not None and len(index) == 1):
+            return None
+        return split.input[0], index[0], node.output[0], [node, split]
+    if _op(node, "Gather") and attribute(node, "axis", 0) == 0 and view.ints(node.input[1]) is not None:
+        index = view.constant(node.input[1])
+        if index.size == 1 and index.ndim <= 1:
+            return node.input[0], int(index.reshape(())), node.output[0], [node]
+    if _op(node, "Slice") and view.opset(node) >= 10:
+        starts, ends = view.ints(node.input[1]), view.ints(node.input[2])
+        axes = view.ints(node.input[3]) if len(node.input) > 3 and node.input[3] else [0]
+        steps = view.ints(node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
+        if starts is None or ends is None or len(starts) != 1 or axes != [0] or steps != [1]:
+            return None
+        start, end = starts[0], ends[0]
+        if (end == start + 1 and (start >= 0 or end < 0)) or (start == -1 and end >= _BIG):
+            return node.input[0], start, node.output[0], [node]
+    return None
+
+
+def _slices(view: GraphView) -> list[_Slices]:
+    """Every value sliced into steps along axis 0, with its steps (each Squeezed when the slice's only reader is a
+    Squeeze of axis 0), largest first."""
+    found: dict[str, _Slices] = {}
+    for node in view.nodes:
+        piece = _slice_of(view, node)
+        if piece is not None:
+            source, position, value, nodes = piece
+            slices = found.setdefault(source, _Slices(source))
+            if position in slices.steps:
+                continue  # read twice: the step read first stands for it (the other stays as written)
+            kept = node.op_type == "Slice" or (node.op_type == "Gather" and view.constant(node.input[1]).ndim == 1) \
+                or (node.op_type == "SequenceAt" and attribute(nodes[1], "keepdims", 1))
+            value, rank, squeeze = _squeezed(view, value, 3 if kept else 2)  # S is [T, N, F] (_projection)
+            slices.steps[position] = (value, rank)
+            slices.nodes += [*nodes, *squeeze]
+        elif _op(node, "Split") and attribute(node, "axis", 0) == 0:
+            _split(view, node, found)
+    used = {id(n) for s in found.values() for n in s.nodes}
+    for node in view.nodes:  # a Squeeze of a [1, N, F] value that no slice made: one step
+        if _op(node, "Squeeze") and id(node) not in used and node.input[0] not in found and _axes(
+                view, node, 1) == [0] and _rank(view, node.input[0]) == 3:
+            found[node.input[0]] = _Slices(node.input[0], {0: (node.output[0], 2)}, [node], exact=True)
+    return sorted(found.values(), key=lambda s: -len(s.steps))
+
+
+def _squeezed(view: GraphView, value: str, rank: int) -> tuple[str, int, list]:
+    squeeze = view.only_consumer(value)
+    if rank == 3 and _op(squeeze, "Squeeze") and _axes(view, squeeze, 1) == [0]:
+        return squeeze.output[0], 2, [squeeze]
+    return value, rank, []
+
+
+def _split(view: GraphView, node: onnx.NodeProto, found: dict) -> None:
+    """A Split of S along axis 0 into steps of one: sizes given as ones, or S's static dim 0 the outputs' count."""
+    sizes = view.ints(node.input[1]) if len(node.input) > 1 and node.input[1] else attribute(node, "split")
+    shape = view.shape(node.input[0]) or []
+    count = len(node.output)
+    if not (sizes == [1] * count or (sizes is None and shape and shape[0] == count)) or _rank(
+            view, node.input[0]) != 3 or node.input[0] in found:
+        return
+    slices = found[node.input[0]] = _Slices(node.input[0], exact=True)
+    slices.nodes.append(node)
+    for position, value in enumerate(node.output):
+        value, rank, squeeze = _squeezed(view, value, 3)
+        slices.steps[position] = (value, rank)
+        slices.nodes += squeeze
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the steps read: x through an affine map (and maybe a flip), in x's order
+
+
+def _flip(view: GraphView, node: onnx.NodeProto | None) -> bool:
+    """A Slice that reverses all of axis 0."""
+    if not _op(node, "Slice") or view.opset(node) < 10 or len(node.input) != 5:
+        return False
+    starts, ends, axes, steps = (view.ints(v) for v in node.input[1:])
+    return starts == [-1] and ends is not None and ends[0] <= -_BIG and axes == [0] and steps == [-1]
+
+
+def _projection(view: GraphView, slices: _Slices) -> tuple[str, Form, bool, list] | None:
+    """(x [T, N, I], S's step as a form over the step of x, whether S is x flipped in time, the nodes between)."""
+    value, nodes, flipped = slices.source, [], False
+    readers = {id(n) for n in slices.nodes}
+    while all(id(r) in readers for r in view.consumers.get(value, [])) and value not in view.graph_outputs:
+        node = view.producer.get(value)
+        variable = [v for v in node.input if v and not view.is_constant(v)] if node is not None else []
+        if _flip(view, node) and not flipped:
+            flipped = True
+        elif not (any(_op(node, op) for op in ("MatMul", "Add", "Sub", "Mul", "Identity")) and len(variable) == 1
+                  and (node.op_type != "MatMul" or node.input[0] == variable[0])):
+            break
+        nodes.append(node)
+        readers = {id(node)}
+        value = variable[0]
+    width = (view.shape(value) or [None] * 3)[-1]
+    if _rank(view, value) != 3:
+        return None
+    evaluator = _StepEvaluator(view)
+    evaluator.set(value, Form({evaluator.x_atom: np.eye(width) if isinstance(width, int) else 1.0}), 3)
+    for node in reversed(nodes):
+        if _flip(view, node):
+            evaluator.set(node.output[0], evaluator.env[node.input[0]], 3)
+        else:
+            evaluator.run([node])
+    form = evaluator.env.get(slices.source)
+    if not isinstance(form, Form) or set(form.terms) != {evaluator.x_atom} or not isinstance(
+            form.terms[evaluator.x_atom], np.ndarray) or evaluator.ranks.get(slices.source) != 3:
+        return None
+    return value, form, flipped, nodes
+
+
+def _window(view: GraphView, slices: _Slices, x: str, flipped: bool) -> tuple[list[str], tuple | None] | bool:
+    """The steps' leaf values in x's order and the window of x they read (None: all of it); False when the
+    positions are not one run of consecutive steps."""
+    steps = {(-1 - p if flipped else p): leaf for p, leaf in slices.steps.items()}
+    length = len(slices.steps) if slices.exact else (view.shape(x) or [None])[0]
+    if isinstance(length, int):
+        steps = {p + length if p < 0 else p: leaf for p, leaf in steps.items()}
+    positions = sorted(steps)
+    if positions != list(range(positions[0], positions[0] + len(positions))) or (positions[0] < 0 <= positions[-1]):
+        return False
+    start, stop = positions[0], positions[-1] + 1
+    window = None if isinstance(length, int) and (start, stop) == (0, length) else (
+        start, stop if stop != 0 else None)
+    if isinstance(length, int) and stop > length:
+        return False
+    return [steps[p] for p in positions], window
+
+
+def _chains(view: GraphView, leaves: list[str]) -> list[tuple[bool, list[list[onnx.NodeProto]]]]:
+    """The chains that read the slices ``leaves`` (one per connected set of nodes that depend on them: the two
+    directions of a layer read the same slices): whether each runs backwards and its nodes of each step in
+    processing order."""
+    masks = {leaf: 1 << k for k, leaf in enumerate(leaves)}
+    depending, owner, parent = [], {}, []  # owner: value -> index of its node; parent: union-find of the chains
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]  # path halving
+            k = parent[k]
+        return k
+
+    for node in view.nodes:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _FORM_OPS or (
+                node.op_type == "Concat" and not _feature_concat(view, node)):
+            continue
+        mask = 0
+        for name in node.input:
+            mask |= masks.get(name, 0)
+        if mask:
+            masks.update(dict.fromkeys(node.output, mask))
+            parent.append(len(depending))
+            for name in node.input:
+                if name in owner:
+                    parent[root(owner[name])] = len(depending)
+            owner.update(dict.fromkeys(node.output, len(depending)))
+            depending.append((node, mask))
+    groups: dict[int, list] = {}
+    for k, (node, mask) in enumerate(depending):
+        groups.setdefault(root(k), []).append((node, mask))
+    stepped = {id(n) for n, _ in depending}
+    return [chain for group in groups.values() if (chain := _steps(view, len(leaves), group, stepped))]
+
+
+def _steps(view: GraphView, count: int, depending: list, stepped: set[int]):
+    """Whether one chain runs backwards and its nodes of each step in processing order: a node is in the step of the
+    latest slice (in that order) that it depends on through the evaluator's ops. Each node must depend on one step
+    (its projection of x) or on a run of steps that starts at the first (a chain through the states)."""
+    full = (1 << count) - 1
+    single = [m & (m - 1) == 0 for _, m in depending]  # a step's own projection of x
+    if all(s or m & (m + 1) == 0 for s, (_, m) in zip(single, depending, strict=True)) and (
+            count == 1 or not all(single)):
+        steps = [m.bit_length() - 1 for _, m in depending]
+        reverse = False
+    elif all(s or m == full ^ ((m & -m) - 1) for s, (_, m) in zip(single, depending, strict=True)) and not all(
+            single):
+        steps = [count - (m & -m).bit_length() for _, m in depending]
+        reverse = True
+    else:
+        return None
+    nodes: list[list[onnx.NodeProto]] = [[] for _ in range(count)]
+    for (node, _), step in zip(depending, steps, strict=True):
+        nodes[step].append(node)
+    for j in range(count):
+        _pull_back(view, nodes, j, stepped)
+    return reverse, nodes
+
+
+def _pull_back(view: GraphView, nodes: list[list[onnx.NodeProto]], j: int, stepped: set[int]) -> None:
+    """Move into step ``j`` what it computes from its states alone (the projection of the previous h by R, its
+    gates' split), which depends on no slice of its own: the step starts at the states, not after that projection.
+    Moved: nodes of one non-constant input, whose every reader is in step j, of the previous step (or of no step)."""
+    inside = {id(n) for n in nodes[j]}
+    before = {id(n) for n in nodes[j - 1]} if j else None
+    pending = [v for n in nodes[j] for v in n.input if v]
+    while pending:
+        node = view.producer.get(pending.pop())
+        if node is None or id(node) in inside or not _state_op(view, node) or (
+                id(node) not in before if j else id(node) in stepped):
+            continue
+        outputs = [o for o in node.output if o]
+        if any(o in view.graph_outputs for o in outputs) or not all(
+                id(r) in inside for o in outputs for r in view.consumers.get(o, [])):
+            continue
+        nodes[j].append(node)
+        inside.add(id(node))
+        if j:
+            nodes[j - 1].remove(node)
+        pending += [v for v in node.input if v]
+    nodes[j].sort(key=lambda n: view.position[id(n)])
+
+
+def _state_op(view: GraphView, node: onnx.NodeProto) -> bool:
+    """An op of the cell that reads one non-constant value (its first input): a state's projection and split."""
+    if not any(_op(node, op) for op in ("MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Split", "Slice")):
+        return False
+    variable = [v for v in node.input if v and not view.is_constant(v)]
+    return variable == [node.input[0]] and (node.op_type in ("MatMul", "Add", "Sub", "Mul", "Div") or _rank(
+        view, node.input[0]) == 2)
+
+
+def _feature_concat(view: GraphView, node: onnx.NodeProto) -> bool:
+    rank = len(view.shape(node.output[0]) or [])
+    return attribute(node, "axis") in (-1, rank - 1) and rank >= 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Each step one cell step, all the same cell
+
+
+@dataclass
+class _Step:
+    evaluator: _StepEvaluator
+    states: dict[int, Atom]  # the states it reads: 0 h, 1 c
+    options: list[dict[int, Form]]  # candidates for its new states
+    new: dict[int, Form] = field(default_factory=dict)  # the new states, once matched
+    outgoing: list[str] = field(default_factory=list)  # the values that carry them on (the last step: the first
+    # value of each)
+
+
+def _rebase(form: Form, atom: Atom) -> Form:
+    """S's step (a form of x's one atom) over this step's atom of x."""
+    (matrix,) = form.terms.values()
+    return Form({atom: matrix}, form.bias)
+
+
+def _initial_states(view: GraphView, nodes: list[onnx.NodeProto], leaf: str) -> list[str]:
+    produced = {o for n in nodes for o in n.output}
+    return list(dict.fromkeys(v for n in nodes for v in n.input
+                              if v and v not in produced and v != leaf and not view.is_constant(v)))
+
+
+def _state_rank(view: GraphView, name: str) -> int | None:
+    """2 for [N, H]; 3 for [1, N, H] (an Unsqueeze of axis 0, or a static leading 1); else None."""
+    rank, node = _rank(view, name), view.producer.get(name)
+    if rank == 3 and ((_op(node, "Unsqueeze") and _axes(view, node, 1) == [0]) or (view.shape(name) or [0])[0] == 1):
+        return 3
+    return 2 if rank == 2 else None
+
+
+def _chain(view: GraphView, x_form: Form, leaves: list[tuple[str, int]], steps: list[list[onnx.NodeProto]]):
+    """(the steps, the cell, its weights, the initial states by key) when every step is the same cell step."""
+    initial = _initial_states(view, steps[0], leaves[0][0])
+    if not 1 <= len(initial) <= 2 or any(_state_rank(view, v) is None for v in initial):
+        return None
+    for order in permutations(initial):
+        inputs = {name: (key, _state_rank(view, name)) for key, name in enumerate(order)}
+        found, template = [], None
+        for j, nodes in enumerate(steps):
+            step = _evaluate(view, x_form, leaves[j], nodes, inputs, steps[j + 1] if j + 1 < len(steps) else None)
+            matched = step and _match_step(step, template)
+            if not matched:
+                break
+            template = template or matched
+            found.append(step)
+            if None in step.outgoing:
+                break
+            inputs = {v: (k, step.evaluator.ranks[v]) for v in step.outgoing for k, f in step.new.items()
+                      if _same(step.evaluator.env[v], f)}
+            if len(inputs) != len(step.outgoing):
+                break
+        else:
+            return found, template, list(order)
+    return None
+
+
+def _evaluate(view, x_form, leaf, nodes, inputs, following) -> _Step | None:
+    """Step ``nodes`` evaluated from its states ``inputs`` (value -> (key, rank)) and its slice ``leaf``; its
+    new states are read off the values the ``following`` step reads (the last step: found among its values)."""
+    evaluator = _StepEvaluator(view)
+    states = {key: Atom("state", (key,)) for key, _ in inputs.values()}
+    for name, (key, rank) in inputs.items():
+        evaluator.set(name, _leaf(states[key]), rank)
+    evaluator.set(leaf[0], _rebase(x_form, evaluator.x_atom), leaf[1])
+    evaluator.run(nodes)
+    step = _Step(evaluator, states, [])
+    if following is not None:
+        produced = {o for n in nodes for o in n.output}
+        step.outgoing = list(dict.fromkeys(v for n in following for v in n.input if v in produced))
+        forms = _distinct(evaluator.env.get(v) for v in step.outgoing)
+        if None in forms or len(forms) != len(states):
+            return None
+        step.options = [dict(enumerate(p)) for p in permutations(forms)]
+    else:
+        # latest first: the cell's own h rather than a partial sum that is a cell step too (with fewer ops)
+        forms = [f for f in _distinct(evaluator.env.get(o) for n in reversed(nodes) for o in n.output)
+                 if f is not None]
+        step.options = [{0: f} for f in forms] if len(states) == 1 else [
+            {0: f, 1: c} for f in forms for c in _implied_c(f)]
+    return step
+
+
+def _distinct(values) -> list:
+    """Forms up to sameness (None for any value that is not one)."""
+    found: list = []
+    for value in values:
+        value = value if isinstance(value, Form) else None
+        if not any(value is f or (value is not None and f is not None and _same(value, f)) for f in found):
+            found.append(value)
+    return found
+
+
+def _implied_c(h: Form) -> list[Form]:
+    """An LSTM's new c as its new h = o * act(c) reads it: the form inside either activated factor."""
+    single = _single(h)
+    if single is None or single[0].kind != "mul" or single[1] != 1.0:
+        return []
+    factors = [_single(f) for f in single[0].args]
+    return [f[0].args[3] for f in factors if f is not None and f[0].kind == "act" and f[1] == 1.0]
+
+
+def _match_step(step: _Step, template: tuple | None) -> tuple | None:
+    """(cell, weights) of the step: the first option of new states that is a cell step with h at key 0 (and the
+    template's cell, weights and type); ``step.new`` is set to it."""
+    for new in step.options:
+        for recognise in (_lstm, _gru, _rnn):
+            cell = recognise(step.states, new)
+            if cell is None or cell.h != 0:
+                continue
+            weights = _weights(cell, step.evaluator.x_atom, step.states)
+            if weights and (template is None or _same_cell(template, (cell, weights, step.evaluator.dtype))):
+                step.new = new
+                step.outgoing = step.outgoing or _first_values(step, new)
+                return cell, weights, step.evaluator.dtype
+    return None
+
+
+def _same_cell(a: tuple, b: tuple) -> bool:
+    (cell_a, weights_a, dtype_a), (cell_b, weights_b, dtype_b) = a, b
+    if (cell_a.op_type, cell_a.activations, cell_a.linear_before_reset, dtype_a) != (
+            cell_b.op_type, cell_b.activations, cell_b.linear_before_reset, dtype_b):
+        return False
+    return all((u is None and v is None) or (u is not None and v is not None and np.array_equal(u, v))
+               for u, v in zip(weights_a, weights_b, strict=True))
+
+
+def _first_values(step: _Step, new: dict[int, Form]) -> list[str]:
+    """The first value of the step whose form is each new state (the last step's h and c)."""
+    env = step.evaluator.env
+    names = list(step.evaluator.ranks)
+    return [next((v for v in names if isinstance(env.get(v), Form) and _same(env[v], f)), None) for f in new.values()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fused nodes and what they expose
+
+
+def _closure(nodes: list[onnx.NodeProto], targets: list[str]) -> list[onnx.NodeProto]:
+    """The nodes among ``nodes`` that compute ``targets``."""
+    producer = {o: n for n in nodes for o in n.output}
+    found: dict[int, onnx.NodeProto] = {}
+    pending = list(targets)
+    while pending:
+        node = producer.get(pending.pop())
+        if node is not None and id(node) not in found:
+            found[id(node)] = node
+            pending += list(node.input)
+    return list(found.values())
+
+
+def _reassembly(view: GraphView, steps: list[_Step], nodes: list[list[onnx.NodeProto]], reverse: bool):
+    """The Concat over axis 0 of every step's h as [1, N, H] in x's order (the layer's Y) and the nodes that
+    spell each step's h so, or None."""
+    last = steps[-1].evaluator
+    spellings = [v for v in last.ranks if _same(last.env[v], steps[-1].new[0])]
+    for concat in {id(r): r for v in spellings for r in view.consumers.get(v, [])}.values():
+        if not (_op(concat, "Concat") and attribute(concat, "axis") == 0 and len(concat.input) == len(steps)):
+            continue
+        order = range(len(steps) - 1, -1, -1) if reverse else range(len(steps))
+        extra = []
+        for value, j in zip(concat.input, order, strict=True):
+            evaluator = steps[j].evaluator
+            if not (isinstance(evaluator.env.get(value), Form) and _same(evaluator.env[value], steps[j].new[0])
+                    and evaluator.ranks[value] == 3):
+                break
+            extra += _closure(nodes[j], [value])
+        else:
+            return concat, extra
+    return None
+
+
+def _exposed(view: GraphView, region: dict[int, onnx.NodeProto], last: _Step, y: str | None) -> list | None:
+    """The fused node's outputs [Y, h_n, c_n]: every value the region computes that is read outside it must be Y or
+    the final h or c as [N, H] (a Squeeze of axis 0 of a [1, N, H] one joins the region)."""
+    env, ranks = last.evaluator.env, last.evaluator.ranks
+    role = {v: k for v in ranks for k, f in last.new.items() if _same(env[v], f)}
+    read = y is not None and (y in view.graph_outputs or any(id(r) not in region for r in view.consumers[y]))
+    outputs: list[str | None] = [y if read else None, None, None]
+    for node in list(region.values()):
+        for value in node.output:
+            readers = [r for r in view.consumers.get(value, []) if id(r) not in region]
+            if value == y or not (readers or value in view.graph_outputs):
+                continue
+            if value not in role:
+                return None  # a value of the chain that the fused node does not give
+            if ranks[value] == 3 and value not in view.graph_outputs and len(readers) == 1 and _op(
+                    readers[0], "Squeeze") and _axes(view, readers[0], 1) == [0]:
+                region[id(readers[0])] = readers[0]
+                value = readers[0].output[0]
+            elif ranks[value] != 2:
+                return None
+            if outputs[1 + role[value]] not in (None, value):
+                return None
+            outputs[1 + role[value]] = value
+    return outputs
+
+
+def _zero_state(view: GraphView, name: str) -> list | None:
+    """The shape (canonical dims) of an all-zeros value, through Slices, Squeezes and Unsqueezes of axis 0."""
+    node, ops = view.producer.get(name), []
+    while any(_op(node, op) for op in ("Slice", "Squeeze", "Unsqueeze")):
+        ops.append(node)
+        node = view.producer.get(node.input[0])
+    shape = _zero(view, node.output[0]) if node is not None else None
+    for op in reversed(ops):
+        if shape is None or not shape:
+            return None
+        if op.op_type == "Unsqueeze" and _axes(view, op, 1) == [0]:
+            shape = [1, *shape]
+        elif op.op_type == "Squeeze" and _axes(view, op, 1) == [0] and shape[0] == 1:
+            shape = shape[1:]
+        elif op.op_type == "Slice" and isinstance(shape[0], int) and _slice(view, op) is not None:
+            start, end = _slice(view, op)
+            shape = [len(range(shape[0])[start:end]), *shape[1:]]
+        else:
+            return None
+    return shape
+
+
+def _private_to(view: GraphView, name: str, region: dict[int, onnx.NodeProto]) -> bool:
+    """Whether every reader of ``name`` is in the region or only feeds it (a weight the fusion copies)."""
+    pending, seen = list(view.consumers.get(name, [])), set()
+    while pending:
+        node = pending.pop()
+        if id(node) in region or id(node) in seen:
+            continue
+        seen.add(id(node))
+        outputs = [o for o in node.output if o]
+        if not outputs or any(o in view.graph_outputs for o in outputs):
+            return False
+        pending += [c for o in outputs for c in view.consumers.get(o, [])]
+    return True
+
+
+def _matches(view: GraphView, slices: _Slices):
+    """(match, nodes) of each chain that reads the slices (their nodes go with the fusion unless two chains share
+    them: then they stay, and the fused nodes read x)."""
+    projection = _projection(view, slices)
+    window = _window(view, slices, projection[0], projection[2]) if projection is not None else False
+    if window is False:
+        return
+    leaves, window = window
+    chains = _chains(view, [leaf for leaf, _ in leaves])
+    if len(chains) > 1 and projection[3]:
+        return  # a projection of x that two chains share: its weights would be copied into both
+    reading = [*slices.nodes, *projection[3]] if len(chains) == 1 else []
+    for reverse, nodes in chains:
+        nodes = [[n for n in step if id(n) not in {id(m) for m in slices.nodes}] for step in nodes]
+        found = _chain(view, projection[1], leaves[::-1] if reverse else leaves, nodes)
+        match = found and _fuse(view, found, nodes, reverse, projection[0], window, reading)
+        if match:
+            yield match[0], sorted(match[1], key=lambda n: view.position[id(n)])
+
+
+def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, window, reading: list) -> tuple | None:
+    """The match of a chain whose steps are proven, and its nodes (with ``reading``: the slicing of x), when what
+    it exposes is the fused node's."""
+    steps, (cell, weights, dtype), initial = found
+    region = {id(n): n for n in reading}
+    for j, step in enumerate(steps):
+        region.update((id(n), n) for n in _closure(nodes[j], step.outgoing))
+    reassembly = _reassembly(view, steps, nodes, reverse)
+    if reassembly is not None:
+        region.update((id(n), n) for n in [reassembly[0], *reassembly[1]])
+    outputs = _exposed(view, region, steps[-1], reassembly[0].output[0] if reassembly else None)
+    if outputs is None or not any(outputs):
+        return None
+    read = [n for node in region.values() for n in read_names(node) if view.folded(n) is not None]
+    if not all(_private_to(view, n, region) for n in read if view.folded(n).size > 1):
+        return None
+    first = min(region.values(), key=lambda n: view.position[id(n)])
+    match = _Match(first, cell, weights, dtype, x, outputs=[*outputs, None],
+                   direction="reverse" if reverse else "forward", window=window)
+    batch = _dim(view, x, 1)
+    for role, name in zip(("h", "c"), initial, strict=False):
+        if _zero_state(view, name) not in ([batch, weights[3]], [1, batch, weights[3]]):
+            node = view.producer.get(name)
+            match.initial[role] = node.input[0] if _state_rank(view, name) == 3 and _op(node, "Unsqueeze") else name
+            if _state_rank(view, match.initial[role]) != 2:
+                return None
+    return match, list(region.values())
+
+
+@register_pattern("unrolled_cells")
+def unrolled_cells(view: GraphView):
+    """T copies of one LSTM / GRU / RNN cell step chained through their states (dynamo's unrolled nn.RNN,
+    hand-unrolled and single-step streaming cells)."""
+    taken: set[int] = set()
+    for slices in _slices(view):
+        if {id(n) for n in slices.nodes} & taken:
+            continue
+        for match, nodes in _matches(view, slices):
+            taken |= {id(n) for n in nodes}
+            yield Fusion("unrolled_cells", f"{match.cell.op_type} unrolled", nodes, _runtime(match), match.outputs,
+                         lambda ctx, match=match: _convert(ctx, match))

@@ -1,0 +1,331 @@
+"""Recognition of unrolled cells (onnx2torch_rnn/passes/unrolled.py): T copies of one cell step in the main graph.
+
+dynamo's unrolled nn.RNN (tests/models/torch) and onnx.helper models of LSTM / GRU / RNN steps written out with
+Gemm / MatMul, Split / Slice / Gather, activations and Mul / Add: each chain (a layer, a direction) becomes one
+LoopedRecurrent that matches onnxruntime on the original graph, trains, compiles in one graph and exports. Near-misses
+(an extra op in one step, a step with other weights, a weight or a middle state read elsewhere) stay as written and
+still match.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import onnx2torch_rnn
+from onnx2torch_rnn.recurrent import LoopedRecurrent
+from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
+from tests.helpers import make_model
+
+TORCH = MODELS / "torch"
+MANIFEST = read_manifest(TORCH)
+ENTRIES = {e["file"]: e for e in MANIFEST["models"]}
+DYNAMO = {"dynamo_rnn_tanh.onnx": 1, "dynamo_rnn_relu_l2_bi_bf.onnx": 4, "dynamo_rnn_l3_h0_nobias.onnx": 3}
+
+
+def looped(module) -> list[LoopedRecurrent]:
+    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
+
+
+def literal_ops(module) -> list[str]:
+    """The ONNX op types of the converted module's nodes that are not fused."""
+    return [n.meta["onnx"]["op_type"] for n in module.graph.nodes if "onnx" in n.meta and "pattern" not in n.meta[
+        "onnx"]]
+
+
+def dynamo_sets(file: str) -> list[dict[str, np.ndarray]]:
+    """Two input sets at batch 2 and one at batch 3 (the dynamo models are specialised to 5 steps)."""
+    return manifest_input_sets(TORCH, ENTRIES[file], MANIFEST["sizes"])
+
+
+@pytest.mark.parametrize("file", sorted(DYNAMO))
+def test_dynamo_unrolled_rnn_becomes_one_module_per_layer_and_direction(file):
+    model = onnx.load(TORCH / file)
+    module = onnx2torch_rnn.convert(model)
+    cells = looped(module)
+    assert len(cells) == DYNAMO[file]
+    assert all(type(c.layer).__name__ == "OnnxRNN" and c.layer.fast for c in cells)
+    assert not {"MatMul", "Add", "Tanh", "Relu", "SequenceAt"} & set(literal_ops(module))
+    sets = dynamo_sets(file)
+    assert {s["x"].shape[1 if "_bf" not in file else 0] for s in sets} == {2, 3}
+    for feeds in sets:
+        compare_with_onnxruntime(module, model, feeds)
+    literal = onnx2torch_rnn.convert(model, fuse=False)
+    assert not looped(literal) and "MatMul" in literal_ops(literal)
+
+
+def test_dynamo_unrolled_rnn_trains():
+    """Gradients reach the fused layers' weights, which are parameters, and a step changes the outputs."""
+    file = "dynamo_rnn_relu_l2_bi_bf.onnx"
+    model = onnx.load(TORCH / file)
+    module = onnx2torch_rnn.convert(model)
+    feeds = dynamo_sets(file)[0]
+    module.train()
+    y, h_n = module(torch.from_numpy(feeds["x"]))
+    (y.sum() + h_n.square().sum()).backward()
+    for cell in looped(module):
+        weights = list(cell.layer.parameters())
+        assert weights and all(isinstance(p, torch.nn.Parameter) for p in weights)
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in weights)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("file", sorted(DYNAMO))
+def test_dynamo_unrolled_rnn_compiles_in_one_graph_and_exports_with_dynamic_batch(file):
+    model = onnx.load(TORCH / file)
+    module = onnx2torch_rnn.convert(model)
+    sets = dynamo_sets(file)
+    args = [torch.from_numpy(sets[0][i.name]) for i in model.graph.input]
+    batch = torch.export.Dim("batch", min=1)
+    axis = 0 if "_bf" in file else 1
+    shapes = [{axis if i.name == "x" else 1: batch} for i in model.graph.input]
+    exported = torch.export.export(module, tuple(args), dynamic_shapes=shapes).module()
+    compiled = torch.compile(module, fullgraph=True, dynamic=True, backend="eager")
+    for feeds in sets:
+        for runner in (exported, compiled):
+            compare_with_onnxruntime(runner, model, feeds)
+
+
+def test_dynamo_window_reads_the_unrolled_steps_and_refuses_fewer():
+    """dynamo specialised the graph to 5 steps: the fused layers read those of a longer x, as the graph does, and
+    fail where x is shorter (the graph's SequenceAt fails there too)."""
+    file = "dynamo_rnn_relu_l2_bi_bf.onnx"
+    model = onnx.load(TORCH / file)
+    module = onnx2torch_rnn.convert(model)
+    x = np.random.default_rng(1).standard_normal((2, 7, 6)).astype(np.float32)
+    compare_with_onnxruntime(module, model, {"x": x})
+    with pytest.raises(RuntimeError, match="reads 5 steps"):
+        module(torch.zeros(2, 4, 6))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# onnx.helper models: a cell step written out, T times
+
+RNG = np.random.default_rng(0)
+FEATURES, H = 4, 5
+
+
+class Unrolled:
+    """Builds an unrolled layer: ``slice_with`` picks each step of x [T, N, I] (time-major), ``step`` writes one cell
+    step from (x_t [N, I], states) and returns the new states (h first)."""
+
+    def __init__(self, cell: str, steps: int = 3, slice_with: str = "split", linear_before_reset: int = 0,
+                 given_states: bool = False):
+        self.cell, self.steps, self.slice_with, self.lbr = cell, steps, slice_with, linear_before_reset
+        self.nodes: list[onnx.NodeProto] = []
+        self.weights: dict[str, np.ndarray] = {}
+        self.inputs: list = [("x", np.float32, [steps, "batch", FEATURES])]
+        self.outputs: list[str] = []
+        self.given_states = given_states
+        self.count = 0
+        self.other_weights_at: int | None = None  # the step that has weights of its own (a near-miss)
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attributes) -> str | list[str]:
+        self.count += 1
+        names = [f"{op_type.lower()}{self.count}_{k}" for k in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=f"{op_type}{self.count}", **attributes))
+        return names[0] if outputs == 1 else names
+
+    def weight(self, name: str, shape, scale: float = 0.5) -> str:
+        self.weights[name] = (RNG.standard_normal(shape) * scale).astype(np.float32)
+        return name
+
+    def constant(self, value) -> str:
+        name = f"const{len(self.weights)}"
+        self.weights[name] = np.asarray(value)
+        return name
+
+    def x_steps(self) -> list[str]:
+        """x's steps [N, I] in x's order."""
+        axis0 = self.constant(np.array([0]))
+        if self.slice_with == "split":
+            parts = self.op("Split", "x", self.constant(np.ones(self.steps, np.int64)), outputs=self.steps, axis=0)
+            parts = parts if self.steps > 1 else [parts]
+            return [self.op("Squeeze", p, axis0) for p in parts]
+        if self.slice_with == "slice":
+            return [self.op("Squeeze", self.op("Slice", "x", self.constant(np.array([t])),
+                                               self.constant(np.array([t + 1])), axis0), axis0)
+                    for t in range(self.steps)]
+        return [self.op("Gather", "x", self.constant(np.array(t)), axis=0) for t in range(self.steps)]
+
+    def initial(self, suffix: str = "") -> list[str]:
+        names = ["h0", "c0"][: 2 if self.cell == "LSTM" else 1]
+        if self.given_states:
+            self.inputs += [(n + suffix, np.float32, ["batch", H]) for n in names]
+            return [n + suffix for n in names]
+        batch = self.op("Shape", "x", start=1, end=2)
+        shape = self.op("Concat", batch, self.constant(np.array([H])), axis=0)
+        return [self.op("ConstantOfShape", shape) for _ in names]
+
+    def step(self, x: str, states: list[str], suffix: str = "") -> list[str]:
+        gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[self.cell]
+        w, r, b = (f"{n}{suffix}" for n in ("W", "R", "B"))
+        if w not in self.weights:
+            self.weight(w, (FEATURES, gates * H)), self.weight(b, (gates * H,)), self.weight(f"Rb{suffix}", (H,))
+            for name in [f"{r}_{k}" for k in range(3)] if self.cell == "GRU" else [r]:
+                self.weight(name, (H, H if self.cell == "GRU" else gates * H))
+        projected = self.op("Gemm", x, w, b)
+        if self.cell == "RNN":
+            return [self.op("Tanh", self.op("Add", projected, self.op("MatMul", states[0], r)))]
+        if self.cell == "LSTM":
+            i, o, f, g = self.op("Split", self.op("Add", projected, self.op("MatMul", states[0], r)), outputs=4,
+                                 axis=1)
+            c = self.op("Add", self.op("Mul", self.op("Sigmoid", f), states[1]),
+                        self.op("Mul", self.op("Sigmoid", i), self.op("Tanh", g)))
+            return [self.op("Mul", self.op("Sigmoid", o), self.op("Tanh", c)), c]
+        return [self.gru_step(projected, states[0], r, suffix)]
+
+    def gru_step(self, projected: str, h: str, r: str, suffix: str) -> str:
+        xz, xr, xh = self.op("Split", projected, outputs=3, axis=1)
+        rz, rr, rh = (f"{r}_{k}" for k in range(3))
+        z = self.op("Sigmoid", self.op("Add", xz, self.op("MatMul", h, rz)))
+        reset = self.op("Sigmoid", self.op("Add", xr, self.op("MatMul", h, rr)))
+        if self.lbr:
+            recurrent = self.op("Add", self.op("MatMul", h, rh), f"Rb{suffix}")
+            candidate = self.op("Tanh", self.op("Add", xh, self.op("Mul", reset, recurrent)))
+        else:
+            candidate = self.op("Tanh", self.op("Add", xh, self.op("MatMul", self.op("Mul", reset, h), rh)))
+        one_minus_z = self.op("Sub", self.constant(np.float32(1)), z)
+        return self.op("Add", self.op("Mul", one_minus_z, candidate), self.op("Mul", z, h))
+
+    def layer(self, reverse: bool = False, suffix: str = "", xs: list[str] | None = None,
+              after_step=None) -> tuple[str, list[str]]:
+        """One direction: its Y [T, N, H] (Concat of each step's h Unsqueezed) and final states. ``after_step(t,
+        states)`` may change the states a step passes on (near-misses)."""
+        xs = xs or self.x_steps()
+        states = self.initial(suffix)
+        ys: dict[int, str] = {}
+        for t in (range(self.steps - 1, -1, -1) if reverse else range(self.steps)):
+            states = self.step(xs[t], states, suffix + ("_other" if t == self.other_weights_at else ""))
+            states = after_step(t, states) if after_step else states
+            ys[t] = states[0]
+        axis0 = self.constant(np.array([0]))
+        y = self.op("Concat", *[self.op("Unsqueeze", ys[t], axis0) for t in range(self.steps)], axis=0)
+        return y, states
+
+    def model(self, outputs: list[str]) -> onnx.ModelProto:
+        return make_model(self.nodes, self.inputs, outputs, self.weights)
+
+
+def input_sets(model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+    """Two input sets at batch 2 and one at batch 3."""
+    rng = np.random.default_rng(1)
+    sets = []
+    for batch in (2, 2, 3):
+        feeds = {}
+        for i in model.graph.input:
+            shape = [d.dim_value or batch for d in i.type.tensor_type.shape.dim]
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+        sets.append(feeds)
+    return sets
+
+
+def check(model: onnx.ModelProto, cells: int) -> torch.nn.Module:
+    module = onnx2torch_rnn.convert(model)
+    assert len(looped(module)) == cells
+    for feeds in input_sets(model):
+        compare_with_onnxruntime(module, model, feeds)
+    return module
+
+
+LAYERS = [("LSTM", 0, "split"), ("GRU", 0, "slice"), ("GRU", 1, "gather"), ("RNN", 0, "slice"), ("LSTM", 0, "gather"),
+          ("GRU", 1, "split")]
+
+
+@pytest.mark.parametrize("cell, linear_before_reset, slice_with", LAYERS)
+def test_unrolled_layer_becomes_its_cell(cell, linear_before_reset, slice_with):
+    builder = Unrolled(cell, slice_with=slice_with, linear_before_reset=linear_before_reset)
+    y, states = builder.layer()
+    model = builder.model([y, *states])
+    module = check(model, 1)
+    (fused,) = looped(module)
+    assert type(fused.layer).__name__ == f"Onnx{cell}" and fused.window is None
+    assert fused.layer.config.linear_before_reset == bool(linear_before_reset)
+    assert not fused.initial_h and not fused.initial_c  # zeros of [N, H]: dropped
+    assert not {"Gemm", "MatMul", "Split", "Sigmoid", "Tanh"} & set(literal_ops(module))
+    literal = onnx2torch_rnn.convert(model, fuse=False)
+    assert not looped(literal)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_given_initial_states_and_only_the_final_state_read(cell):
+    builder = Unrolled(cell, given_states=True, linear_before_reset=1)
+    _, states = builder.layer()
+    model = builder.model(states[:1])  # Y is not read, nor (LSTM) c_n
+    (fused,) = looped(check(model, 1))
+    assert fused.initial_h and fused.initial_c == (cell == "LSTM") and fused.outputs[:3] == (False, True, False)
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "RNN"])
+def test_bidirectional_unrolled_layer(cell):
+    builder = Unrolled(cell, slice_with="gather")
+    xs = builder.x_steps()
+    forward, _ = builder.layer(xs=xs)
+    backward, states = builder.layer(reverse=True, suffix="_reverse", xs=xs)
+    merged = builder.op("Concat", forward, backward, axis=-1)
+    module = check(builder.model([merged, states[0]]), 2)
+    assert sorted(c.layer.config.direction for c in looped(module)) == ["forward", "reverse"]
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
+def test_single_step_with_the_state_passed_in_and_out(cell):
+    """Streaming models (VAD, denoisers) run one step per call: x [1, N, I], the states in and out as [N, H]."""
+    builder = Unrolled(cell, steps=1, slice_with="split", given_states=True)
+    (x,) = builder.x_steps()
+    states = builder.step(x, builder.initial())
+    module = check(builder.model(states), 1)
+    (fused,) = looped(module)
+    assert fused.initial_h and fused.initial_c == (cell == "LSTM")
+
+
+def test_check_and_verbose_report_the_fusion(capsys, tmp_path):
+    from onnx2torch_rnn.cli import main
+
+    builder = Unrolled("GRU")
+    y, states = builder.layer()
+    onnx.save(builder.model([y, *states]), tmp_path / "gru.onnx")
+    assert main(["check", str(tmp_path / "gru.onnx"), "--verbose"]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"recognised: GRU unrolled from \d+ nodes, 'Split\d+' on \(pattern unrolled_cells\)", out)
+    assert re.search(r"fused \d+ nodes into GRU unrolled 'Split\d+' \(pattern unrolled_cells\): 'Split", err)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Near-misses: each changes one proven detail; the steps must stay as written and still match.
+
+def _extra_op(builder: Unrolled):
+    """Step 1 passes on 1.5 h: not the cell's h."""
+    return builder.layer(after_step=lambda t, s: [builder.op("Mul", s[0], builder.constant(np.float32(1.5))),
+                                                  *s[1:]] if t == 1 else s)
+
+
+def _other_weights(builder: Unrolled):
+    builder.other_weights_at = 2
+    return builder.layer()
+
+
+def _shared_weight(builder: Unrolled):
+    """The recurrent kernel is also read by a graph output: a fused copy would untie it."""
+    y, states = builder.layer()
+    shared = builder.op("Identity", "R" if "R" in builder.weights else "R_0")
+    return y, [*states, shared]
+
+
+def _middle_state_read(builder: Unrolled):
+    """Step 0's h is read outside the chain: the fused node does not give it."""
+    middle = []
+    y, states = builder.layer(after_step=lambda t, s: middle.append(builder.op("Relu", s[0])) or s if t == 0 else s)
+    return y, [*states, *middle]
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("near_miss", [_extra_op, _other_weights, _shared_weight, _middle_state_read])
+def test_near_misses_stay_as_written(cell, near_miss):
+    builder = Unrolled(cell, linear_before_reset=1)
+    y, outputs = near_miss(builder)
+    check(builder.model([y, *outputs]), 0)
