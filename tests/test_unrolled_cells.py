@@ -323,8 +323,18 @@ def _middle_state_read(builder: Unrolled):
     return y, [*states, *middle]
 
 
+def _rounding_cast(builder: Unrolled):
+    """Step 1 passes on its h rounded to float16 and back."""
+    def rounded(t, states):
+        if t != 1:
+            return states
+        half = builder.op("Cast", states[0], to=onnx.TensorProto.FLOAT16)
+        return [builder.op("Cast", half, to=onnx.TensorProto.FLOAT), *states[1:]]
+    return builder.layer(after_step=rounded)
+
+
 @pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
-@pytest.mark.parametrize("near_miss", [_extra_op, _other_weights, _shared_weight, _middle_state_read])
+@pytest.mark.parametrize("near_miss", [_extra_op, _other_weights, _shared_weight, _middle_state_read, _rounding_cast])
 def test_near_misses_stay_as_written(cell, near_miss):
     builder = Unrolled(cell, linear_before_reset=1)
     y, outputs = near_miss(builder)

@@ -100,6 +100,9 @@ class _StepEvaluator(_Evaluator):
     def _Gather(self, node, data, index):
         return None  # a step is a leaf here, not a gather of the loop's counter
 
+    def _Cast(self, node, a):  # only to the type it has: a cast to another float rounds
+        return [a] if isinstance(a, Form) and self.view.elem_type(node.input[0]) == attribute(node, "to") else None
+
     def _Squeeze(self, node, a, axes=None):
         axes = attribute(node, "axes") if axes is None else np.reshape(axes, -1).tolist()
         rank = self.ranks.get(node.input[0])
