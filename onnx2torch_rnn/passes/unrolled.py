@@ -564,6 +564,8 @@ def _exposed(view: GraphView, region: dict[int, onnx.NodeProto], last: _Step, y:
                     readers[0], "Squeeze") and _axes(view, readers[0], 1) == [0]:
                 region[id(readers[0])] = readers[0]
                 value = readers[0].output[0]
+                if value not in role:  # a Squeeze that the last step did not evaluate
+                    return None
             elif ranks[value] != 2:
                 return None
             if outputs[1 + role[value]] not in (None, value):
