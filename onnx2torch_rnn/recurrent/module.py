@@ -82,7 +82,7 @@ class Recurrent(Module):
         self.op_config = encode(self.cell, self.config, present)
         # the nn.LSTM/GRU/RNN's weights, reachable without touching that module (Dynamo refuses to wrap one)
         self._fast_weights = FastWeights(self.rnn) if self.fast else None
-        kernel.load()  # built once per machine (cached), loaded once per process; the Python path runs without it
+        kernel.load()  # built once per checkout (cached), loaded once per process; the Python path runs without it
 
     def _torch_module(self, mode: str, W: Tensor, R: Tensor, B: Tensor | None) -> nn.RNNBase:
         """The equivalent torch module, its weights taken from W, R, B reordered to torch's gate order once. It is
