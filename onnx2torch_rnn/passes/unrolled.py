@@ -54,8 +54,8 @@ from .stacked import _axes, _dim, _op, _rank, _slice
 
 _BIG = 2 ** 31 - 1  # a Slice end at least this large runs to the end of the axis
 # ops whose value is (a form of) the step's: the dependency on the slices goes through them
-_FORM_OPS = {"MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Identity", "Cast", "Squeeze", "Unsqueeze", "Split",
-             "Slice", "Clip", "Min", "Max", "Concat", *_ACTIVATIONS}
+_FORM_OPS = frozenset({"MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Identity", "Cast", "Squeeze", "Unsqueeze",
+                       "Split", "Slice", "Clip", "Min", "Max", "Concat", *_ACTIVATIONS})
 
 
 # ---------------------------------------------------------------------------------------------------------------
