@@ -36,6 +36,7 @@ from types import MappingProxyType
 
 import torch
 from torch import Tensor, fx, nn
+from torch.nn.modules import module as module_internals
 
 
 class _AttributeView(Mapping):
@@ -74,6 +75,16 @@ def buffer_dict(module: nn.Module) -> Mapping[str, Tensor | None]:
     if _HAS_TENSOR_DICTS:
         return module._buffers
     return _AttributeView(module, (name for name, _ in module.named_buffers(recurse=False)))
+
+
+def has_forward_hooks(module: nn.Module) -> bool:
+    """Whether calling the module runs forward hooks (its own or global ones): a caller that skips
+    nn.Module.__call__ for speed must call the module when it does. Internals not found: assume hooks."""
+    try:
+        return bool(module._forward_hooks or module._forward_pre_hooks or module_internals._global_forward_hooks
+                    or module_internals._global_forward_pre_hooks)
+    except AttributeError:
+        return True
 
 
 def flat_weight_names(rnn: nn.RNNBase) -> tuple[str, ...]:

@@ -107,6 +107,35 @@ def test_fused_module_trains_exactly_like_the_literal_conversion(case):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["lstm_l2_bi_h0c0", "gru_l3_h0_dropout"])
+def test_a_stack_calls_its_layers_ops_directly_unless_a_layer_has_hooks(case):
+    """In eager inference on the native kernel a stack runs each layer's op itself (a layer's module call costs
+    about as much as its kernel at batch 1); a hook on a layer makes it call the layers' modules, so the hook runs.
+    Both paths, and the training path, match onnxruntime (and each other)."""
+    from onnx2torch_rnn.recurrent import kernel
+
+    entry = next(m for m in STACKED if m["case"] == case)
+    model = onnx.load(TORCH / entry["file"])
+    feeds = manifest_input_sets(TORCH, entry, MANIFEST["sizes"])[0]
+    module = onnx2torch_rnn.convert(model)
+    (stack,) = [m for m in module.modules() if isinstance(m, StackedRecurrent)]
+    forwards = []
+    for layer in stack.layers:
+        layer.forward = lambda *args, _forward=layer.forward, **kwargs: forwards.append(1) or _forward(*args, **kwargs)
+    assert_matches_onnxruntime(module, model, feeds)
+    assert len(forwards) == (0 if kernel.loaded() else len(stack.layers))
+    hooked = []
+    handle = stack.layers[-1].register_forward_hook(lambda _module, _args, output: hooked.append(output))
+    forwards.clear()
+    assert_matches_onnxruntime(module, model, feeds)
+    handle.remove()
+    assert len(forwards) == len(stack.layers) and len(hooked) == 1
+    training = module(*(torch.from_numpy(v) for v in feeds.values()))  # grad mode, weights requiring grad: autograd
+    for got, want in zip(training if isinstance(training, tuple) else (training,), outputs(module, feeds), strict=True):
+        assert got.requires_grad
+        np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_fused_module_meta_codegen_and_bisect(tmp_path):
     module = onnx2torch_rnn.convert(EXAMPLE)
     (fusion,) = fused(module)

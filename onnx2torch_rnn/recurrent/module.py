@@ -13,14 +13,15 @@ the fast path, when torch's kernel computes exactly the ONNX numbers (cells.py: 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..modules.common import Module
-from ..torch_compat import buffer_dict, flat_weight_names, parameter_dict
+from ..torch_compat import buffer_dict, flat_weight_names, has_forward_hooks, parameter_dict
 from . import kernel, op
 from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
 from .runtime import recurrent
@@ -37,6 +38,17 @@ class FastWeights:
 
     def __call__(self) -> list[Tensor]:
         return [self.parameters[name] for name in self.names]
+
+
+def needs_grad(tensors: Iterable[Tensor | None]) -> bool:
+    """Whether autograd must see the computation: grad mode is on and some tensor requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def native_inference(X: Tensor, tensors: Iterable[Tensor | None]) -> bool:
+    """Whether an eager call runs the native kernel: nothing needs a gradient, X is on CPU, the kernel is loaded and
+    no torch.jit trace is recording (the TorchScript exporter records the Python path op by op)."""
+    return not needs_grad(tensors) and X.is_cpu and kernel.loaded() and not torch.jit.is_tracing()
 
 
 class Recurrent(Module):
@@ -113,21 +125,9 @@ class Recurrent(Module):
     def forward(self, X: Tensor, W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None,
                 sequence_lens: Tensor | None = None, initial_h: Tensor | None = None,
                 initial_c: Tensor | None = None, P: Tensor | None = None, mask: Tensor | None = None):
-        # Parameters and buffers are read from their dicts: nn.Module's attribute lookup costs about half a
-        # microsecond each, which a small recurrent node notices (onnxruntime runs one in 20-40 us).
-        if self.fast:
-            weights = self._fast_weights()
-        else:
-            own = parameter_dict(self)
-            weights = [given if own[name] is None else own[name] for name, given in (("W", W), ("R", R), ("B", B),
-                                                                                     ("P", P))]
-        compiling = torch.compiler.is_compiling()  # Dynamo tracing or torch.export
-        differentiable = torch.is_grad_enabled() and self._needs_grad(X, weights, initial_h, initial_c)
-        if compiling or (not differentiable and X.is_cpu and kernel.loaded() and not torch.jit.is_tracing()):
-            # one op: the native kernel on CPU; while compiling, one graph node with dynamic batch and length
-            lens = buffer_dict(self)["static_lens"] if sequence_lens is None else sequence_lens
-            outputs = op.run(X, [w for w in weights if w is not None], self.op_config, lens, initial_h, initial_c,
-                             mask, differentiable, self.config.outputs)
+        weights = self.weights(W, R, B, P)
+        if torch.compiler.is_compiling() or native_inference(X, (*weights, initial_h, initial_c)):
+            outputs = self.run_op(X, weights, sequence_lens, initial_h, initial_c, mask)
         else:
             named = ({"torch_weights": weights, "W": None, "R": None} if self.fast
                      else dict(zip("WRBP", weights, strict=True)))
@@ -137,9 +137,25 @@ class Recurrent(Module):
         outputs = outputs[: self.num_outputs]
         return outputs[0] if self.num_outputs == 1 else outputs
 
-    @staticmethod
-    def _needs_grad(X: Tensor, weights: list, initial_h: Tensor | None, initial_c: Tensor | None) -> bool:
-        return X.requires_grad or any(t is not None and t.requires_grad for t in (*weights, initial_h, initial_c))
+    def weights(self, W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None,
+                P: Tensor | None = None) -> list[Tensor | None]:
+        """What the recurrence runs on: the nn.LSTM/GRU/RNN's flat weights on the fast path, else W, R, B, P, a
+        weight given at run time replacing an absent parameter."""
+        # Parameters are read from their dict: nn.Module's attribute lookup costs about half a microsecond each,
+        # which a small recurrent node notices (onnxruntime runs one in 20-40 us).
+        if self.fast:
+            return self._fast_weights()
+        own = parameter_dict(self)
+        return [given if own[name] is None else own[name] for name, given in (("W", W), ("R", R), ("B", B), ("P", P))]
+
+    def run_op(self, X: Tensor, weights: list[Tensor | None], sequence_lens: Tensor | None = None,
+               initial_h: Tensor | None = None, initial_c: Tensor | None = None, mask: Tensor | None = None):
+        """(Y, Y_h, Y_c) by the recurrent op (op.py): the native kernel on CPU, one graph node while compiling (its
+        differentiable variant when something needs a gradient); None for an output not asked for."""
+        differentiable = needs_grad((X, *weights, initial_h, initial_c))
+        lens = buffer_dict(self)["static_lens"] if sequence_lens is None else sequence_lens
+        return op.run(X, [w for w in weights if w is not None], self.op_config, lens, initial_h, initial_c, mask,
+                      differentiable, self.config.outputs)
 
     def extra_repr(self) -> str:
         cfg = self.config
@@ -204,13 +220,14 @@ class StackedRecurrent(Module):
         lengths = states[-1] if self.lengths else None
         if self.batch_first:
             x = x.transpose(0, 1)
-        last = len(self.layers) - 1
+        layers = self.layers
+        run = self._layer_op if self._direct(x, states, layers) else self._layer_module
+        last = len(layers) - 1
         h_n, c_n = [], []
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(layers):
             initial_h, initial_c = (None if where is None else states[where[0]][where[1]:where[2]]
                                     for where in (self.initial_h[index], self.initial_c[index]))
-            result = layer(x, sequence_lens=lengths, initial_h=initial_h, initial_c=initial_c)
-            y, y_h, y_c = (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
+            y, y_h, y_c = run(layer, x, lengths, initial_h, initial_c)
             h_n.append(y_h)
             c_n.append(y_c)
             x = y.transpose(1, 2).flatten(2) if y is not None and (index < last or self.merge_output) else y
@@ -221,6 +238,24 @@ class StackedRecurrent(Module):
         results = tuple(r if wanted else None for r, wanted in zip((x, _joined(h_n), _joined(c_n)), self.outputs,
                                                                     strict=False))
         return results[0] if len(results) == 1 else results
+
+    def _direct(self, x: Tensor, states: tuple[Tensor, ...], layers: nn.ModuleList) -> bool:
+        """Whether the layers' ops are called directly, not their modules: eager inference on the native kernel,
+        where a layer's module call costs about as much as its kernel at batch 1. Only where that is the same call:
+        every layer a Recurrent whose forward is Recurrent's (a converter may give a layer another module), without
+        hooks (they still run)."""
+        return (not torch.compiler.is_compiling()
+                and all(type(layer).forward is Recurrent.forward and not has_forward_hooks(layer) for layer in layers)
+                and native_inference(x, itertools.chain(states, self.parameters())))
+
+    @staticmethod
+    def _layer_op(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
+        return layer.run_op(x, layer.weights(), lengths, initial_h, initial_c)
+
+    @staticmethod
+    def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
+        result = layer(x, sequence_lens=lengths, initial_h=initial_h, initial_c=initial_c)
+        return (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
 
     def extra_repr(self) -> str:
         parts = [f"layers={len(self.layers)}"]

@@ -124,10 +124,10 @@ def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, 
         outputs=None):
     """The op (or its differentiable variant), with the outputs the config does not ask for as None (``outputs``:
     the config's, when the caller has them at hand)."""
-    results = (_DIFFERENTIABLE if differentiable else _RECURRENT)(X, weights, config, sequence_lens, initial_h,
-                                                                   initial_c, mask)
+    y, y_h, y_c = (_DIFFERENTIABLE if differentiable else _RECURRENT)(X, weights, config, sequence_lens, initial_h,
+                                                                       initial_c, mask)
     wanted = decode(config)[1].outputs if outputs is None else outputs
-    return tuple(o if w else None for o, w in zip(results, wanted, strict=True))
+    return y if wanted[0] else None, y_h if wanted[1] else None, y_c if wanted[2] else None
 
 
 # ---- autograd ---------------------------------------------------------------------------------------------------
