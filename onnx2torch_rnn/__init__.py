@@ -34,10 +34,15 @@ from .loading import ModelSource, load_model
 from .node import Converted, OnnxNode
 from .onnx_export import to_onnx
 from .passes import Fusion, GraphView, register_pattern
-from .passes import loops as _loops  # noqa: F401 - registers the built-in recognition patterns
+
+# isort: off
+# the built-in recognition patterns, registered in the order they run
+from .passes import loops as _loops  # noqa: F401
 from .passes import scans as _scans  # noqa: F401
 from .passes import stacked as _stacked  # noqa: F401
 from .passes import unrolled as _unrolled  # noqa: F401
+from .passes import linear as _linear  # noqa: F401 - last: a recurrence's own MatMul + Add is the recurrence's
+# isort: on
 from .recurrent import onnx_translation_table
 from .registry import register_converter
 

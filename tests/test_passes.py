@@ -56,8 +56,8 @@ def test_torch_onnx_layers_and_glue_become_one_module(entry):
     model = onnx.load(TORCH / entry["file"])
     layers = [n.name for n in model.graph.node if n.op_type in ("LSTM", "GRU", "RNN")]
     module = onnx2torch_rnn.convert(model)
-    (fusion,) = fused(module)
-    assert set(layers) <= set(fusion["replaces"]) and fusion["pattern"] == "stacked_layers"
+    (fusion,) = [f for f in fused(module) if f["pattern"] == "stacked_layers"]  # a classifier may be linear_bias
+    assert set(layers) <= set(fusion["replaces"])
     # nothing outside the fused module reads a layer's output but the last's (dynamo's final Reshape to a constant
     # shape is not the merge of directions), and the zero initial states are gone
     produced = {o for n in model.graph.node if n.name in layers[:-1] for o in n.output}
@@ -78,7 +78,7 @@ def test_torch_onnx_layers_and_glue_become_one_module(entry):
 def test_the_tagger_prints_as_embedding_lstm_linear():
     module = onnx2torch_rnn.convert(EXAMPLE)
     kinds = [t.__name__ for t in top_level_modules(module)]
-    assert kinds == ["Gather", "StackedRecurrent", "Linear", "Function"]
+    assert kinds == ["Gather", "StackedRecurrent", "Linear"]  # the classifier's MatMul + Add is one nn.Linear
     (stack,) = [m for m in module.modules() if isinstance(m, StackedRecurrent)]
     assert stack.batch_first and stack.batch_first_output and len(stack.layers) == 2
     literal = onnx2torch_rnn.convert(EXAMPLE, fuse=False)
@@ -138,11 +138,12 @@ def test_a_stack_calls_its_layers_ops_directly_unless_a_layer_has_hooks(case):
 
 def test_fused_module_meta_codegen_and_bisect(tmp_path):
     module = onnx2torch_rnn.convert(EXAMPLE)
-    (fusion,) = fused(module)
+    fusion, classifier = fused(module)
     assert fusion["op_type"] == "2-layer LSTM" and fusion["name"] == "/lstm/LSTM"
     assert fusion["replaces"][0] == "/lstm/Shape" and "/lstm/LSTM_1" in fusion["replaces"]
+    assert classifier["op_type"] == "Linear" and classifier["replaces"] == ["/classify/MatMul", "/classify/Add"]
     report = onnx2torch_rnn.compare(EXAMPLE, bisect=True)
-    assert report.ok and report.compared_nodes == 4 and report.divergence is None
+    assert report.ok and report.compared_nodes == 3 and report.divergence is None  # Gather, the stack, the Linear
 
 
 # ---- onnx.helper variants of torch.onnx's pattern: change one proven detail and the pattern must not fire
@@ -304,6 +305,63 @@ def test_a_pattern_can_stand_for_an_op_that_has_no_converter(silu_pattern):
     assert top_level_modules(onnx2torch_rnn.convert(model)) == [torch.nn.SiLU]
     with pytest.raises(onnx2torch_rnn.UnsupportedOperatorError, match="MySigmoid"):
         onnx2torch_rnn.convert(model, fuse=False)
+
+
+# ---- MatMul + Add of constants: one nn.Linear
+
+
+def linear_model(change: str = "") -> onnx.ModelProto:
+    """x [N, T, 6] @ W [6, 4] + b [4], as exporters write a linear layer on a 3-D input; ``change`` breaks one
+    detail that the fusion relies on."""
+    rng = np.random.default_rng(3)
+    dtype = np.float16 if change == "float16" else np.float32
+    weights = {"W": rng.standard_normal((6, 4)).astype(dtype),
+               "b": rng.standard_normal((1, 4) if change == "bias_2d" else (4,)).astype(dtype)}
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"], name="project"),
+             helper.make_node("Add", ["b", "xw"] if change == "swapped" else ["xw", "b"], ["y"], name="shift")]
+    outputs = ["y"]
+    if change == "product_read":
+        outputs.append("xw")
+    if change == "bias_read":
+        nodes.append(helper.make_node("Mul", ["y", "b"], ["scaled"]))
+        outputs.append("scaled")
+    if change == "weight_shared":
+        nodes.append(helper.make_node("MatMul", ["x", "W"], ["again"]))
+        outputs.append("again")
+    if change == "bias_input":
+        del weights["b"]
+    inputs = [("x", dtype, ["N", "T", 6])] + ([("b", dtype, [4])] if change == "bias_input" else [])
+    return make_model(nodes, inputs, outputs, weights)
+
+
+def linear_feeds(model: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(batch)
+    dtype = np.float16 if model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 else np.float32
+    feeds = {"x": rng.standard_normal((batch, 5, 6)).astype(dtype)}
+    if len(model.graph.input) > 1:
+        feeds["b"] = rng.standard_normal(4).astype(dtype)
+    return feeds
+
+
+@pytest.mark.parametrize("change", ["", "swapped"])
+def test_matmul_and_add_of_constants_become_one_linear(change):
+    model = linear_model(change)
+    module = onnx2torch_rnn.convert(model)
+    (linear,) = [module.get_submodule(n.target) for n in module.graph.nodes if n.op == "call_module"]
+    assert isinstance(linear, torch.nn.Linear) and linear.bias is not None
+    assert [(f["pattern"], sorted(f["replaces"])) for f in fused(module)] == [("linear_bias", ["project", "shift"])]
+    assert len(top_level_modules(onnx2torch_rnn.convert(model, fuse=False))) == 2
+    for batch in (2, 3):
+        assert_matches_onnxruntime(module, model, linear_feeds(model, batch))
+
+
+@pytest.mark.parametrize("change", ["bias_2d", "product_read", "bias_read", "weight_shared", "bias_input",
+                                    "float16"])
+def test_a_linear_layer_that_is_not_exactly_one_stays_as_written(change):
+    model = linear_model(change)
+    module = onnx2torch_rnn.convert(model)
+    assert not [f for f in fused(module) if f["pattern"] == "linear_bias"]
+    assert_matches_onnxruntime(module, model, linear_feeds(model, 3))
 
 
 KERAS = MODELS / "keras"
