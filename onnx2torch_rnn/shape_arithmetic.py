@@ -162,16 +162,32 @@ class ShapeArithmetic:
         return value
 
     def apply(self, fn: Callable, *args: Int) -> Int:
-        """``fn`` on ints: computed now when they are known, else at run time."""
+        """``fn`` on ints: computed now when they are known, else at run time by operators that fx traces (so a
+        GraphModule pickles: it is traced again when loaded)."""
         if all(isinstance(a, int) for a in args):
             return fn(*args)
-        if fn is ew.where and isinstance(args[0], int):  # a known condition selects
+        if fn is ew.where:  # a known condition selects; an unknown one would be control flow
+            if not isinstance(args[0], int):
+                raise _NotShape
             return args[1] if args[0] else args[2]
         if fn is operator.eq and any(isinstance(a, int) and a < 0 for a in args) and any(map(_nonnegative, args)):
             return False  # a size is no negative number (torch.onnx's "-1 means keep" test)
-        if fn is trunc_div and _nonnegative(args[0]) and _nonnegative(args[1]):
-            fn = operator.floordiv  # the same division on sizes
+        if fn is trunc_div:
+            return self._divide(*args)
         return self.sizes.call(fn, *args)
+
+    def _divide(self, a: Int, b: Int) -> Int:
+        """ONNX's integer division, truncating toward zero: floor division on sizes; else, by a divisor known to be
+        positive, floor(max(a, 0) / b) - floor(-min(a, 0) / b)."""
+        if _nonnegative(a) and _nonnegative(b):
+            return self.sizes.call(operator.floordiv, a, b)
+        if isinstance(b, int) and b < 0:
+            return self.apply(operator.neg, self._divide(a, -b))
+        if not _nonnegative(b):
+            raise _NotShape
+        up = self.apply(operator.floordiv, self.apply(torch.sym_max, a, 0), b)
+        down = self.apply(operator.floordiv, self.apply(operator.neg, self.apply(torch.sym_min, a, 0)), b)
+        return self.apply(operator.sub, up, down)
 
     def _trace(self, value: str) -> Value:
         ctx = self.ctx

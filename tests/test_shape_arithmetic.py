@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import operator
+import pickle
 import weakref
 
 import numpy as np
@@ -129,22 +130,26 @@ def test_arithmetic_is_written_as_python_operators():
 
 @pytest.mark.parametrize("batch", [1, 2, 3, 7])
 def test_division_of_a_value_that_may_be_negative_truncates(batch):
-    """(N - 4) / 2 truncates toward zero as ONNX's Div does (N = 1: -1, where floor division gives -2); a quotient
-    of sizes is a plain floor division."""
+    """(N - 4) / 2 and (N - 4) / -2 truncate toward zero as ONNX's Div does (N = 1: -1, where floor division gives
+    -2), in operators that fx traces again when the module is pickled; a quotient of sizes is a plain floor
+    division."""
     nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "c0", "c1"], ["n"]),
              helper.make_node("Sub", ["n", "four"], ["d"]), helper.make_node("Div", ["d", "two"], ["q"]),
              helper.make_node("Add", ["q", "two"], ["k"]),
+             helper.make_node("Div", ["d", "minus_two"], ["m"]), helper.make_node("Add", ["m", "two"], ["j"]),
              helper.make_node("Div", ["n", "c1"], ["n1"]),  # a size over a positive constant
              helper.make_node("Expand", ["row", "wide"], ["e"]),
-             helper.make_node("Concat", ["k", "n1", "minus1"], ["target"], axis=0),
+             helper.make_node("Concat", ["k", "n1", "j", "minus1"], ["target"], axis=0),
              helper.make_node("Reshape", ["e", "target"], ["y"])]
     constants = {"c0": np.array([0], I64), "c1": np.array([1], I64), "four": np.array([4], I64),
-                 "two": np.array([2], I64), "minus1": np.array([-1], I64),
+                 "two": np.array([2], I64), "minus_two": np.array([-2], I64), "minus1": np.array([-1], I64),
                  "row": np.arange(6, dtype=F32).reshape(1, 1, 6), "wide": np.array([4, 7, 6], I64)}
     model = make_model(nodes, [("x", F32, ["N", 6])], ["y"], constants)
-    gm = check(model, {"x": RNG.standard_normal((batch, 6)).astype(F32)})
-    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    assert trunc_div in targets and operator.floordiv in targets
+    x = RNG.standard_normal((batch, 6)).astype(F32)
+    gm = check(model, {"x": x})
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert targets == {operator.sub, operator.add, operator.floordiv, operator.neg, torch.sym_max, torch.sym_min}
+    torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(torch.from_numpy(x)), gm(torch.from_numpy(x)))
 
 
 def test_a_known_comparison_is_decided_at_conversion():
@@ -152,6 +157,23 @@ def test_a_known_comparison_is_decided_at_conversion():
     left in the graph, only the sizes themselves."""
     gm = check(pattern_model("expand"), {"x": x_of(3, 4).numpy()}, fuse=False)
     assert [n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method")] == ["size", "size"]
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_a_selection_on_a_run_time_condition_keeps_the_tensor_path(batch):
+    """Where(N == 2, 1, N): a choice on a size is control flow, which fx cannot trace again (pickling), so the
+    shape is read as a tensor, as ONNX computes it."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "c0", "c1"], ["n"]),
+             helper.make_node("Equal", ["n", "two"], ["is_two"]),
+             helper.make_node("Where", ["is_two", "c1", "n"], ["w"]),
+             helper.make_node("Concat", ["w", "six"], ["target"], axis=0),
+             helper.make_node("Expand", ["row", "target"], ["y"])]
+    constants = {"c0": np.array([0], I64), "c1": np.array([1], I64), "two": np.array([2], I64),
+                 "six": np.array([6], I64), "row": np.arange(6, dtype=F32).reshape(1, 6)}
+    x = RNG.standard_normal((batch, 6)).astype(F32)
+    gm = check(make_model(nodes, [("x", F32, ["N", 6])], ["y"], constants), {"x": x})
+    assert not [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(torch.from_numpy(x)), gm(torch.from_numpy(x)))
 
 
 @pytest.mark.parametrize("a", range(-7, 8))
