@@ -106,7 +106,8 @@ class _Names:
 
     def forward_globals(self, code: fx.graph.PythonCode, where: str) -> None:
         """Bind the globals that fx's forward code ``code`` uses: imports, or assignments after them."""
-        used = set(re.findall(r"\b\w+\b", code.src))
+        # names the code reads (not keyword names: `device=x.device` needs no `device`)
+        used = {n.id for n in ast.walk(ast.parse(code.src.strip())) if isinstance(n, ast.Name)}
         fx_builtins = fx_builtin_imports()
         for global_name, obj in code.globals.items():
             if global_name not in used:

@@ -82,6 +82,7 @@ def test_shape_arithmetic_is_code_of_its_own(tmp_path, pattern):
     rebuilt = codegen.load_generated(tmp_path).load()
     source = (tmp_path / "model.py").read_text()
     assert ".size(0)" in source or ".size(1)" in source
+    assert "import device" not in source  # a keyword name (device=x.device) is not a global the code reads
     for batch, steps in [(3, 4), (1, 7)]:
         x = x_of(batch, steps)
         with torch.no_grad():
