@@ -225,9 +225,8 @@ class StackedRecurrent(Module):
         last = len(layers) - 1
         h_n, c_n = [], []
         for index, layer in enumerate(layers):
-            initial_h, initial_c = (None if where is None else states[where[0]][where[1]:where[2]]
-                                    for where in (self.initial_h[index], self.initial_c[index]))
-            y, y_h, y_c = run(layer, x, lengths, initial_h, initial_c)
+            y, y_h, y_c = run(layer, x, lengths, _rows(states, self.initial_h[index]),
+                              _rows(states, self.initial_c[index]))
             h_n.append(y_h)
             c_n.append(y_c)
             x = y.transpose(1, 2).flatten(2) if y is not None and (index < last or self.merge_output) else y
@@ -366,6 +365,11 @@ class LoopedStack(Module):
             x, h, c, _ = layer(x, *given, *shared)
             states += [h, c]
         return (x, *states)
+
+
+def _rows(states: tuple[Tensor, ...], where: tuple[int, int | None, int | None] | None) -> Tensor | None:
+    """A layer's initial state: rows start:end of ``states[k]`` for ``where`` = (k, start, end), None for zeros."""
+    return None if where is None else states[where[0]][where[1]:where[2]]
 
 
 def _joined(per_layer: list[Tensor | None]) -> Tensor | None:
