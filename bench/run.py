@@ -202,7 +202,10 @@ def model_cases() -> list[Case]:
     exported = ROOT / "tests" / "models" / "torch"
     cases += [file_case("torch.onnx dynamo tagger T16 B1", exported / "dynamo_tagger.onnx", {"0": 1, "1": 16}),
               file_case("torch.onnx PackedSequence 2-layer LSTM T16 B4",
-                        exported / "ts_packed_lstm_l2_unsorted_op19.onnx", {"batch": 4, "time": 16})]
+                        exported / "ts_packed_lstm_l2_unsorted_op19.onnx", {"batch": 4, "time": 16}),
+              # dynamo unrolls nn.RNN over the export length (5 steps): MatMul/Add/Relu per step and direction
+              file_case("torch.onnx dynamo unrolled 2-layer bi nn.RNN T5 B1",
+                        exported / "dynamo_rnn_relu_l2_bi_bf.onnx", {"0": 1, "1": 5})]
     keras = ROOT / "tests" / "models" / "keras"
     cases += [file_case(f"Keras {path.stem} T64 B8", path, {"0": 8, "1": 64})
               for path in (keras / "tf_keras_stacked.onnx", keras / "keras3_bi_lstm_concat.onnx",
