@@ -3,7 +3,7 @@
 tf2onnx writes a tf.compat.v1 ``dynamic_rnn`` over a cell it cannot map to an ONNX op as a Scan over the time-major
 input: its states are time counters (a zero that adds 1 each step) and the cell's states, its one scan input is x
 (the body reads x_t as a body input), its scan output is the new h. The body is evaluated symbolically as
-passes/loops.py does for Keras Loops (``_Evaluator``, its cell equations and weight read-off are shared): TF1 cells
+passes/loops.py does for Keras Loops (passes/cells.py: the evaluator, cell equations and weight read-off): TF1 cells
 MatMul the concatenation ``[x, h]`` by one kernel (``Joined``), GRUCell resets before the product
 (linear_before_reset=0) and LSTMCell's peepholes become ONNX's P. With ``sequence_length`` the body compares a counter
 with the lengths (``t >= length``) and keeps every state and zeroes the output where it holds: the fused layer masks
@@ -31,23 +31,25 @@ import onnx
 
 from ..node import Converted
 from . import Fusion, GraphView, attribute, register_pattern
-from .loops import (
+from .cells import (
     Atom,
     Form,
     Mask,
     Outer,
     Step,
     _atom,
-    _cell_match,
     _Evaluator,
-    _finish,
     _gru,
     _leaf,
     _lstm,
-    _Match,
-    _new_and_old,
     _rnn,
     _weights,
+)
+from .loops import (
+    _cell_match,
+    _finish,
+    _Match,
+    _new_and_old,
     _zero,
     fusion,
     looped,

@@ -8,7 +8,7 @@ Found from the per-step slices of one time-major value S [T, N, F] (SequenceAt o
 Gather along axis 0, maybe Squeezed; a Squeeze of a [1, N, F] value is one step), S being an affine map of x (MatMul
 by a constant, Add of a constant row, maybe a time flip) read in x's order forwards or backwards. Every value
 downstream of the slices through the evaluator's ops is assigned to the step of the latest slice it depends on
-(``_steps``). Each step is evaluated symbolically (passes/loops.py's ``_Evaluator``: affine forms over atoms) with
+(``_steps``). Each step is evaluated symbolically (passes/cells.py's ``_Evaluator``: affine forms over atoms) with
 fresh atoms for the states it reads from the previous step (or the initial states) and must satisfy the same cell
 equations with the same weights (``_lstm`` / ``_gru`` / ``_rnn`` / ``_weights``); the evaluator here also tracks
 ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays aligned) and understands Gemm and Squeeze /
@@ -30,24 +30,26 @@ import onnx
 
 from ..node import read_names
 from . import Fusion, GraphView, attribute, register_pattern
-from .loops import (
+from .cells import (
     _ACTIVATIONS,
     Atom,
     Form,
     _add,
     _constant_form,
-    _convert,
     _Evaluator,
     _gru,
     _leaf,
     _lstm,
-    _Match,
     _rnn,
-    _runtime,
     _same,
     _scale,
     _single,
     _weights,
+)
+from .loops import (
+    _convert,
+    _Match,
+    _runtime,
     _zero,
 )
 from .stacked import _axes, _dim, _op, _rank, _slice
