@@ -339,3 +339,17 @@ def test_near_misses_stay_as_written(cell, near_miss):
     builder = Unrolled(cell, linear_before_reset=1)
     y, outputs = near_miss(builder)
     check(builder.model([y, *outputs]), 0)
+
+
+def test_codegen_writes_the_window(tmp_path):
+    """The generated code builds the same LoopedRecurrent: it reads the 5 unrolled steps of a longer x too."""
+    from onnx2torch_rnn import codegen
+
+    model = onnx.load(TORCH / "dynamo_rnn_tanh.onnx")
+    converted = codegen.write(model, tmp_path)
+    rebuilt = codegen.load_generated(tmp_path).load()
+    assert "window=(0, 5)" in (tmp_path / "model.py").read_text()
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((7, 2, 6)).astype(np.float32))
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), converted(x), rtol=0, atol=0)
+    compare_with_onnxruntime(rebuilt, model, {"x": x.numpy()})

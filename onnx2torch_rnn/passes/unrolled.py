@@ -6,18 +6,22 @@ streaming models spell an LSTM / GRU step with Gemm / MatMul, Split / Slice of t
 
 Found from the per-step slices of one time-major value S [T, N, F] (SequenceAt of SplitToSequence, Split, Slice,
 Gather along axis 0, maybe Squeezed; a Squeeze of a [1, N, F] value is one step), S being an affine map of x (MatMul
-by a constant, Add of a constant row, maybe a time flip) read in x's order forwards or backwards. Every value
-downstream of the slices through the evaluator's ops is assigned to the step of the latest slice it depends on
-(``_steps``). Each step is evaluated symbolically (passes/cells.py's ``_Evaluator``: affine forms over atoms) with
-fresh atoms for the states it reads from the previous step (or the initial states) and must satisfy the same cell
-equations with the same weights (``_lstm`` / ``_gru`` / ``_rnn`` / ``_weights``); the evaluator here also tracks
-ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays aligned) and understands Gemm and Squeeze /
-Unsqueeze of axis 0. What else is proven: the values a fusion drops are read only inside it, except the
-reassembled outputs (Concat over axis 0 of every step's h [1, N, H], in x's order: the node's Y) and the final h
-and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N proven to be
-x's batch; the weights are read by nothing else. Where the steps read only some of S's steps (dynamo specialises
-to the export's length), the fused layer reads that window of x (``LoopedRecurrent(window=...)``) and fails, as the
-graph does, where x is shorter. Each chain (a layer and a direction) becomes one ``LoopedRecurrent``.
+by a constant, Add of a constant row, maybe a time flip) read in x's order forwards or backwards. Every node
+downstream of the slices through the evaluator's ops is in the step of the latest slice it depends on, and a step
+also takes what it computes from its states alone (the previous h times R: ``_pull_back``), so that each step
+starts at the states (``_chains``, ``_steps``; the nodes that read the same slices split into chains: the two
+directions of a layer). Each step is evaluated symbolically (passes/cells.py's ``_Evaluator``: affine forms over
+atoms) with fresh atoms for the states it reads from the previous step (or the initial states) and must satisfy the
+same cell equations with the same weights (``_lstm`` / ``_gru`` / ``_rnn`` / ``_weights``); the evaluator here also
+tracks ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays aligned), understands Gemm and Squeeze /
+Unsqueeze of axis 0, and a Cast only to the type it has. What else is proven: the values a fusion drops are read
+only inside it, except the reassembled outputs (Concat over axis 0 of every step's h [1, N, H], in x's order: the
+node's Y) and the final h and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or zeros of exactly
+[N, H], N proven to be x's batch; the weights (the projection of x's too) are read by nothing else. Where the steps
+read only some of S's steps (dynamo specialises to the export's length), the fused layer reads that window of x
+(``LoopedRecurrent(window=...)``) and fails, as the graph does, where x is shorter. Each chain (a layer and a
+direction) becomes one ``LoopedRecurrent``. Not recognised: a step input without a time axis ([N, I] per call),
+a time axis other than 0, a Y written other than as that Concat.
 """
 
 from __future__ import annotations
