@@ -124,6 +124,7 @@ class Unrolled:
         self.given_states = given_states
         self.count = 0
         self.other_weights_at: int | None = None  # the step that has weights of its own (a near-miss)
+        self.sequence_output = False  # Y as ConcatFromSequence of a SequenceConstruct
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, **attributes) -> str | list[str]:
         self.count += 1
@@ -204,6 +205,10 @@ class Unrolled:
             states = self.step(xs[t], states, suffix + ("_other" if t == self.other_weights_at else ""))
             states = after_step(t, states) if after_step else states
             ys[t] = states[0]
+        if self.sequence_output:  # stacked from a sequence of [N, H]
+            y = self.op("ConcatFromSequence", self.op("SequenceConstruct", *[ys[t] for t in range(self.steps)]),
+                        axis=0, new_axis=1)
+            return y, states
         axis0 = self.constant(np.array([0]))
         y = self.op("Concat", *[self.op("Unsqueeze", ys[t], axis0) for t in range(self.steps)], axis=0)
         return y, states
@@ -250,6 +255,15 @@ def test_unrolled_layer_becomes_its_cell(cell, linear_before_reset, slice_with):
     assert not {"Gemm", "MatMul", "Split", "Sigmoid", "Tanh"} & set(literal_ops(module))
     literal = onnx2torch_rnn.convert(model, fuse=False)
     assert not looped(literal)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_y_from_a_sequence_of_steps(reverse):
+    builder = Unrolled("GRU", linear_before_reset=1)
+    builder.sequence_output = True
+    y, states = builder.layer(reverse=reverse)
+    (fused,) = looped(check(builder.model([y, *states]), 1))
+    assert fused.outputs[:2] == (True, True) and fused.layer.config.direction == ("reverse" if reverse else "forward")
 
 
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])

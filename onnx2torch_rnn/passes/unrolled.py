@@ -15,13 +15,13 @@ atoms) with fresh atoms for the states it reads from the previous step (or the i
 same cell equations with the same weights (``_lstm`` / ``_gru`` / ``_rnn`` / ``_weights``); the evaluator here also
 tracks ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays aligned), understands Gemm and Squeeze /
 Unsqueeze of axis 0, and a Cast only to the type it has. What else is proven: the values a fusion drops are read
-only inside it, except the reassembled outputs (Concat over axis 0 of every step's h [1, N, H], in x's order: the
-node's Y) and the final h and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or zeros of exactly
-[N, H], N proven to be x's batch; the weights (the projection of x's too) are read by nothing else. Where the steps
-read only some of S's steps (dynamo specialises to the export's length), the fused layer reads that window of x
-(``LoopedRecurrent(window=...)``) and fails, as the graph does, where x is shorter. Each chain (a layer and a
-direction) becomes one ``LoopedRecurrent``. Not recognised: a step input without a time axis ([N, I] per call),
-a time axis other than 0, a Y written other than as that Concat.
+only inside it, except the reassembled outputs (the node's Y: a Concat over axis 0 of every step's h [1, N, H] in
+x's order, or a ConcatFromSequence of their SequenceConstruct) and the final h and c as [N, H]; an initial state is
+a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N proven to be x's batch; the weights (the projection
+of x's too) are read by nothing else. Where the steps read only some of S's steps (dynamo specialises to the
+export's length), the fused layer reads that window of x (``LoopedRecurrent(window=...)``) and fails, as the graph
+does, where x is shorter. Each chain (a layer and a direction) becomes one ``LoopedRecurrent``. Not recognised: a
+step input without a time axis ([N, I] per call), a time axis other than 0, a Y written otherwise.
 """
 
 from __future__ import annotations
@@ -532,23 +532,29 @@ def _closure(nodes: list[onnx.NodeProto], targets: list[str]) -> list[onnx.NodeP
 
 
 def _reassembly(view: GraphView, steps: list[_Step], nodes: list[list[onnx.NodeProto]], reverse: bool):
-    """The Concat over axis 0 of every step's h as [1, N, H] in x's order (the layer's Y) and the nodes that
-    spell each step's h so, or None."""
+    """The node that writes every step's h over time in x's order (the layer's Y [T, N, H]: a Concat over axis 0 of
+    [1, N, H] values, or a ConcatFromSequence over axis 0 of their SequenceConstruct, stacking [N, H] values with
+    new_axis) and the nodes that spell each step's h so, or None."""
     last = steps[-1].evaluator
     spellings = [v for v in last.ranks if _same(last.env[v], steps[-1].new[0])]
-    for concat in {id(r): r for v in spellings for r in view.consumers.get(v, [])}.values():
-        if not (_op(concat, "Concat") and attribute(concat, "axis") == 0 and len(concat.input) == len(steps)):
+    for reader in {id(r): r for v in spellings for r in view.consumers.get(v, [])}.values():
+        joined = view.only_consumer(reader.output[0]) if _op(reader, "SequenceConstruct") else None
+        if _op(reader, "Concat") and attribute(reader, "axis") == 0:
+            y, rank, extra = reader, 3, []
+        elif _op(joined, "ConcatFromSequence") and attribute(joined, "axis") == 0:
+            y, rank, extra = joined, 2 if attribute(joined, "new_axis", 0) else 3, [reader]
+        else:
             continue
         order = range(len(steps) - 1, -1, -1) if reverse else range(len(steps))
-        extra = []
-        for value, j in zip(concat.input, order, strict=True):
+        for value, j in zip(reader.input, order, strict=False):
             evaluator = steps[j].evaluator
             if not (isinstance(evaluator.env.get(value), Form) and _same(evaluator.env[value], steps[j].new[0])
-                    and evaluator.ranks[value] == 3):
+                    and evaluator.ranks[value] == rank):
                 break
             extra += _closure(nodes[j], [value])
         else:
-            return concat, extra
+            if len(reader.input) == len(steps):
+                return y, extra
     return None
 
 
