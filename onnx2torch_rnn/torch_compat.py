@@ -155,16 +155,20 @@ def graph_break(message: str) -> None:
     force(msg=message)
 
 
+try:
+    from torch.fx.experimental.symbolic_shapes import guard_or_false as _guard_or_false
+except ImportError:  # before torch 2.7
+    _guard_or_false = None
+
+
 def is_zero(size) -> bool:
     """``size == 0``; for a traced size whose value is unknown while tracing (unbacked), False, and the traced
     program checks at run time that it is not 0."""
-    if not isinstance(size, torch.SymInt):  # an int, or torch.jit tracing's size tensor
+    if isinstance(size, int) and not isinstance(size, torch.SymInt) and not torch.compiler.is_compiling():
+        return size == 0  # eager: a plain int (Dynamo answers isinstance(size, int) for a traced size too)
+    if isinstance(size, Tensor) or _guard_or_false is None:  # torch.jit tracing's size tensor; an older torch
         return size == 0
-    try:
-        from torch.fx.experimental.symbolic_shapes import guard_or_false
-    except ImportError:
-        return size == 0
-    if guard_or_false(size == 0):
+    if _guard_or_false(size == 0):
         return True
     torch._check(size != 0)
     return False

@@ -32,13 +32,7 @@ LOOP_MODELS = [e["file"].removesuffix(".onnx") for e in _MANIFEST["models"]
 # by default: a trip count and a condition (keras3), a condition only and a mask (tf_keras); shape arithmetic inside
 # the body is keras3_custom_cell's, whose to_onnx round trip (tests/test_to_onnx.py) exports it the same way
 EXPORTED = ["keras3_simple_rnn", "tf_keras_masking_gru"]
-COMPILED = ["tf_keras_simple_rnn"]
-# torch.compile (automatic dynamic) cannot compile these yet: a guard on the body's unbacked trip count (u0 <= INT32_MAX
-# in Slice's past-the-end test, modules/shape.py; Eq(2*u0, 0) for keras3_stacked and keras3_tagger). Their export,
-# with bounded Dims, passes. Strict: one that starts compiling fails here until it leaves this list.
-NOT_COMPILED = ["tf_keras_simple_rnn_relu_last", "tf_keras_bi_rnn_last", "tf_keras_embedding_mask_lstm",
-                "tf_keras_tagger", "keras3_gru_last_state", "keras3_gru_go_backwards", "keras3_simple_rnn_relu_last",
-                "keras3_bi_rnn_last", "keras3_stacked", "keras3_embedding_mask_lstm", "keras3_tagger"]
+COMPILED = ["tf_keras_simple_rnn", "keras3_stacked"]  # keras3_stacked: Squeeze of a slice of a scan output
 LIMIT = 2**31 - 1  # tf2onnx's Slice ends are INT32_MAX: the exported program checks that sizes stay below
 
 
@@ -80,14 +74,8 @@ def test_keras_loop_exports_with_dynamic_batch_and_time(name):
         compare_with_onnxruntime(program.module(), model, feeds)
 
 
-def _compile_marks(name: str) -> list:
-    if name in COMPILED:
-        return []
-    unbacked = pytest.mark.xfail(raises=torch._dynamo.exc.UserError, strict=True, reason="guard on an unbacked size")
-    return [pytest.mark.slow, *([unbacked] if name in NOT_COMPILED else [])]
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_compile_marks(n)) for n in LOOP_MODELS])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in COMPILED else pytest.mark.slow)
+                                  for n in LOOP_MODELS])
 def test_keras_loop_compiles_in_one_graph(name):
     model, module, sets = _keras(name)
     backend = CountingBackend()

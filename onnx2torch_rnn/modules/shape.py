@@ -109,7 +109,18 @@ class Squeeze(_Attributes):
 
     def forward(self, data, axes=None):
         axes = ints(self.axes, axes)
-        return data.squeeze() if axes is None else data.squeeze(tuple(axes))
+        if axes is None:
+            return data.squeeze()
+        compiling = torch.compiler.is_compiling()
+        for axis in sorted({a % data.dim() for a in axes}, reverse=True):
+            # ONNX requires size 1 (onnxruntime fails otherwise); select, not squeeze, which keeps a dim whose size
+            # is unknown while tracing (a Loop's scan output under torch.compile) and would silently keep the rank
+            if compiling:
+                torch._check(data.shape[axis] == 1)  # checked at run time: no guard on an unknown size
+            elif data.shape[axis] != 1:
+                raise ValueError(f"Squeeze: dim {axis} of {list(data.shape)} is not 1")
+            data = data.select(axis, 0)
+        return data
 
 
 class Unsqueeze(_Attributes):
@@ -202,7 +213,9 @@ def _past_the_end(end, dim) -> bool:
     traced (symbolic) dim is taken as shorter than INT32_MAX, the exporters' "to the end"."""
     if not isinstance(end, int):  # read from a tensor at run time
         return False
-    return end >= (dim if isinstance(dim, int) else _INT32_MAX)
+    # INT32_MAX first, without the dim: Dynamo answers isinstance(dim, int) for a traced dim too, and comparing an
+    # unbacked one (a Loop body's) would be a data-dependent guard
+    return end >= _INT32_MAX or (isinstance(dim, int) and end >= dim)
 
 
 class Gather(_Attributes):

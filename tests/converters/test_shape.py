@@ -152,6 +152,24 @@ def test_squeeze(opset, axes, runtime):
     run([node("Squeeze", inputs, **attrs)], [("x", F32, [1, 3, 2, 1])], ["y"], opset, consts, runtime)
 
 
+def test_squeeze_of_a_dim_that_is_not_one_fails_like_onnxruntime():
+    """ONNX requires each squeezed dim to be 1 and onnxruntime fails otherwise; torch's squeeze would keep the dim."""
+    with pytest.raises(ValueError, match=r"Squeeze: dim 1 of \[1, 3, 2\] is not 1"):
+        m.Squeeze(axes=[0, 1])(torch.zeros(1, 3, 2))
+
+
+def test_squeeze_of_a_size_unknown_while_compiling_drops_the_dim():
+    """A dim whose size is only known at run time (from a tensor's value) still goes: the traced program checks it."""
+    def f(x, n):
+        return m.Squeeze(axes=[0])(x[: n.item()])
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    x = torch.randn(4, 3)
+    assert compiled(x, torch.tensor(1)).shape == (3,)
+    with pytest.raises(RuntimeError):
+        compiled(x, torch.tensor(2))
+
+
 @pytest.mark.parametrize("opset, axes, runtime", [
     (7, [0], False), (7, [1, 3], False), (11, [-1, 0], False), (13, [0, 3], False), (13, [4, -2, 0], True),
     (25, [2], True), (25, [-4, 2], False),
