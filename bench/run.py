@@ -463,12 +463,25 @@ def summary(rows: list[dict], compiled: bool) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # The round trip: onnxruntime on the model that to_onnx writes, against onnxruntime on the original
 
+def _example_dims(case: Case) -> dict[str, int]:
+    """Each symbolic dim at its size in the case's inputs, at least 2 so that it stays dynamic (an unrolled model
+    reads the number of steps it was exported with)."""
+    dims = {}
+    for info in case.model.graph.input:
+        if info.name in case.feeds:
+            for dim, size in zip(info.type.tensor_type.shape.dim, np.shape(case.feeds[info.name]), strict=False):
+                if dim.dim_param:
+                    dims[dim.dim_param] = max(int(size), 2)
+    return dims
+
+
 def reexport_rows(cases: list[Case], threads: list[int], budget: float) -> list[dict]:
     rows = []
     for case in cases:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "reexported.onnx"
-            onnx2torch_rnn.to_onnx(onnx2torch_rnn.convert(case.model), path)  # checked against the module
+            # checked against the module
+            onnx2torch_rnn.to_onnx(onnx2torch_rnn.convert(case.model), path, dims=_example_dims(case))
             reexported = onnx.load(str(path))
         for n in threads:
             options = ort.SessionOptions()
