@@ -219,6 +219,23 @@ def perturbed(op_type, node_name, fn=lambda y: y * 1.01 + 0.01, opset=17):
         yield
 
 
+def assert_fused_trains_like_literal(path, x: np.ndarray) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The model at ``path`` converted with recognition and as written (fuse=False) gives the same loss (the sum of
+    its squared output) and the same gradient at its input ``x``; returns the two modules (fused, literal)."""
+    losses, grads, modules = [], [], []
+    for fuse in (True, False):
+        module = onnx2torch_rnn.convert(path, fuse=fuse)
+        given = torch.from_numpy(x).requires_grad_()
+        loss = module(given).square().sum()
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(given.grad)
+        modules.append(module)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    return modules[0], modules[1]
+
+
 # ---- models and values that several test modules use ----------------------------------------------------------
 
 

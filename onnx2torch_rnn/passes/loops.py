@@ -136,13 +136,13 @@ def _runs_t_times(view: GraphView, loop: onnx.NodeProto, cond, steps) -> bool:
     return bool(initial) and any(t.a == Step(1) for t in terms)
 
 
-def _private(view: GraphView, name: str, loop: onnx.NodeProto) -> bool:
-    """Whether every reader of ``name`` is the loop or only feeds it (the fusion absorbs those): a weight the fused
-    module copies must not be shared with anything else."""
+def _private(view: GraphView, name: str, region: dict[int, onnx.NodeProto]) -> bool:
+    """Whether every reader of ``name`` is in the region (the nodes a fusion replaces, by id) or only feeds it (the
+    fusion absorbs those): a weight the fused module copies must not be shared with anything else."""
     pending, seen = list(view.consumers.get(name, [])), set()
     while pending:
         node = pending.pop()
-        if node is loop or id(node) in seen:
+        if id(node) in region or id(node) in seen:
             continue
         seen.add(id(node))
         outputs = [o for o in node.output if o]
@@ -251,7 +251,7 @@ def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_o
     if holder is not None and _zero(view, inits[holder]) is None:
         return None  # the runtime's held output starts at zeros
     read = [n for n in read_names(loop) if view.folded(n) is not None and view.folded(n).size > 1]
-    if not all(_private(view, n, loop) for n in read):
+    if not all(_private(view, n, {id(loop): loop}) for n in read):
         return None
     batch = _dim(view, evaluator.x, 1)
     match = _Match(loop, cell, weights, evaluator.dtype, evaluator.x, evaluator.mask, mask_output)

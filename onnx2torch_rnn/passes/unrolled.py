@@ -53,6 +53,7 @@ from .cells import (
 from .loops import (
     _convert,
     _Match,
+    _private,
     _runtime,
     _zero,
 )
@@ -608,21 +609,6 @@ def _zero_state(view: GraphView, name: str) -> list | None:
     return shape
 
 
-def _private_to(view: GraphView, name: str, region: dict[int, onnx.NodeProto]) -> bool:
-    """Whether every reader of ``name`` is in the region or only feeds it (a weight the fusion copies)."""
-    pending, seen = list(view.consumers.get(name, [])), set()
-    while pending:
-        node = pending.pop()
-        if id(node) in region or id(node) in seen:
-            continue
-        seen.add(id(node))
-        outputs = [o for o in node.output if o]
-        if not outputs or any(o in view.graph_outputs for o in outputs):
-            return False
-        pending += [c for o in outputs for c in view.consumers.get(o, [])]
-    return True
-
-
 def _matches(view: GraphView, slices: _Slices):
     """(match, nodes) of each chain that reads the slices (their nodes go with the fusion unless two chains share
     them: then they stay, and the fused nodes read x)."""
@@ -657,7 +643,7 @@ def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, win
     if outputs is None or not any(outputs):
         return None
     read = [n for node in region.values() for n in read_names(node) if view.folded(n) is not None]
-    if not all(_private_to(view, n, region) for n in read if view.folded(n).size > 1):
+    if not all(_private(view, n, region) for n in read if view.folded(n).size > 1):
         return None
     first = min(region.values(), key=lambda n: view.position[id(n)])
     match = _Match(first, cell, weights, dtype, x, outputs=[*outputs, None],
