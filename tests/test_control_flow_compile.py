@@ -18,7 +18,7 @@ from torch.export import Dim
 
 import onnx2torch_rnn
 from onnx2torch_rnn.modules.control_flow import If, Loop, Scan
-from tests.converters.test_control_flow import _if_model, _loop_model, _scan_model
+from tests.control_flow_models import if_model, loop_model, scan_model
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
 from tests.helpers import make_model
 from tests.recurrent_models import CountingBackend
@@ -102,7 +102,7 @@ def _expect(model, feeds, runs) -> None:
 
 
 def test_if_on_data_is_torch_cond():
-    model = _if_model(17)
+    model = if_model(17)
     module = onnx2torch_rnn.convert(model)
     feeds = [{"x": np.float32([1.0, 2.0, 3.0]) * sign, "bias": np.float32([0.5, 0.25, -1.0])} for sign in (1, -1)]
     runs, backend = _both(module, _torch(model, feeds[0]))
@@ -139,7 +139,7 @@ def test_loop_stops_where_onnxruntime_does(trip_count, cond, scan_output):
     """The body's cond output stops the loop early (sum(h) reaches the limit, or i reaches 9); the trip count and
     the initial condition decide how many steps run at most; zero iterations included. One compiled graph, one
     exported program, for every count."""
-    model = _loop_model(17, trip_count, cond, scan_output)
+    model = loop_model(17, trip_count, cond, scan_output)
     module = onnx2torch_rnn.convert(model)
     rng = np.random.default_rng(0)
     cases = []
@@ -159,7 +159,7 @@ def test_loop_stops_where_onnxruntime_does(trip_count, cond, scan_output):
 
 
 def test_loop_scan_outputs_of_zero_iterations():
-    model = _loop_model(17, "M", "c")
+    model = loop_model(17, "M", "c")
     module = onnx2torch_rnn.convert(model)
     args = (torch.randn(6, 2, 3), torch.randn(2, 3), torch.tensor(3), torch.tensor(True))
     runs, _ = _both(module, args)
@@ -170,7 +170,7 @@ def test_loop_scan_outputs_of_zero_iterations():
             assert torch.equal(h_final, h0) and h_all.shape == (0, 2, 3)
 
 
-def _nested_loop_model():
+def _nestedloop_model():
     """Loop(M) over rows of xs: an inner Loop(i + 1) sums the rows up to i (reading the outer body's i and the outer
     graph's xs), an If inside the inner body scales by -1 the rows where the running sum is negative."""
     info = helper.make_tensor_value_info
@@ -205,7 +205,7 @@ def _nested_loop_model():
 
 
 def test_nested_loops_and_if():
-    model = _nested_loop_model()
+    model = _nestedloop_model()
     module = onnx2torch_rnn.convert(model)
     rng = np.random.default_rng(1)
     cases = [{"xs": rng.standard_normal((rows, 3)).astype(np.float32), "state0": np.ones(3, np.float32),
@@ -219,7 +219,7 @@ def test_nested_loops_and_if():
 @pytest.mark.parametrize("input_axis, input_direction, output_axis, output_direction",
                          [(0, 0, 0, 0), (1, 1, 1, 1), (-2, 1, -1, 0)])
 def test_scan_with_dynamic_length(input_axis, input_direction, output_axis, output_direction):
-    model = _scan_model(16, input_axis, input_direction, output_axis, output_direction)
+    model = scan_model(16, input_axis, input_direction, output_axis, output_direction)
     axis = input_axis % 2
     model.graph.input[1].type.tensor_type.shape.dim[axis].dim_param = "steps"
     model.graph.output[1].type.tensor_type.shape.dim[output_axis].dim_param = "steps"

@@ -182,3 +182,26 @@ class K:
 __all__ = ["A"]
 """
     assert mutable_globals(source) == [("A", 3), ("B", 4), ("D", 6), ("F", 9)]
+
+
+def _test_modules_imported(source: str) -> list[str]:
+    """The test modules (tests...test_*) that ``source`` imports."""
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+    return [n for n in names if n.split(".")[0] == "tests" and n.split(".")[-1].startswith("test_")]
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in helper modules (tests/helpers.py, tests/*_models.py), not in test modules."""
+    tests = Path(__file__).parent
+    found = {str(p.relative_to(tests)): _test_modules_imported(p.read_text()) for p in tests.rglob("test_*.py")}
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_the_test_import_check_sees_one():
+    assert _test_modules_imported("from tests.converters.test_nn import x\nimport tests.helpers\n") == [
+        "tests.converters.test_nn"]

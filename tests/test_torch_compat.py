@@ -10,6 +10,7 @@ from torch import nn
 
 import onnx2torch_rnn
 from onnx2torch_rnn import codegen, torch_compat
+from tests.control_flow_models import loop_model
 from tests.helpers import cnn
 from tests.recurrent_models import inputs, recurrent_model
 
@@ -49,9 +50,7 @@ def test_codegen_writes_the_same_code_on_the_fallbacks(tmp_path, monkeypatch):
 
 
 def test_without_while_loop_a_loop_says_why_it_cannot_compile(monkeypatch):
-    from tests.converters.test_control_flow import _loop_model
-
-    model = _loop_model(17, "M", "")
+    model = loop_model(17, "M", "")
     args = (torch.randn(6, 2, 3) * 0.3, torch.randn(2, 3) * 0.3, torch.tensor(4))
     module = onnx2torch_rnn.convert(model)
     expected = module(*args)

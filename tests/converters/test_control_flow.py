@@ -6,74 +6,23 @@ import torch
 from onnx import TensorProto, helper
 
 import onnx2torch_rnn
+from tests.control_flow_models import F, graph, if_model, info, loop_model, scan_model
 from tests.helpers import check, make_model
 
-F = TensorProto.FLOAT
 OPSETS = [10, 11, 13, 16, 19, 21, 25]  # covers every If/Loop since_version from 1 (opsets 7-10) to 25
-
-
-def _info(name, elem=F, shape=None):
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
-def _graph(nodes, inputs, outputs, name="body", initializers=()):
-    return helper.make_graph(nodes, name, inputs, outputs, initializer=list(initializers))
-
-
-def _if_model(opset):
-    # then: y = x * w (w is an outer initializer); else: y = x - bias (bias an outer graph input)
-    then_branch = _graph([helper.make_node("Mul", ["x", "w"], ["then_y"])], [], [_info("then_y", F, [3])], "then")
-    else_branch = _graph([helper.make_node("Sub", ["x", "bias"], ["else_y"])], [], [_info("else_y", F, [3])], "else")
-    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
-             helper.make_node("Greater", ["total", "zero"], ["cond"]),
-             helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch)]
-    init = {"w": np.float32([1.5, -2.0, 0.5]), "zero": np.float32(0.0)}
-    return make_model(nodes, [("x", np.float32, [3]), ("bias", np.float32, [3])], ["y"], init, opset=opset)
 
 
 @pytest.mark.parametrize("opset", OPSETS)
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_if_reads_outer_values(opset, sign):
     x = np.float32([1.0, 2.0, 3.0]) * sign
-    check(_if_model(opset), {"x": x, "bias": np.float32([0.5, 0.25, -1.0])})
+    check(if_model(opset), {"x": x, "bias": np.float32([0.5, 0.25, -1.0])})
 
 
 def test_if_gradient_reaches_outer_parameter():
-    gm = onnx2torch_rnn.convert(_if_model(17))
+    gm = onnx2torch_rnn.convert(if_model(17))
     gm(torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3)).sum().backward()
     assert torch.equal(gm.w.grad, torch.tensor([1.0, 2.0, 3.0]))
-
-
-def _loop_model(opset, trip_count, cond, scan_output=True):
-    """h <- tanh(h @ W + x_i) for i < M while sum(h) < limit; scan output collects h; W and limit are outer."""
-    body_nodes = [
-        helper.make_node("Mod", ["i", "six"], ["i_mod"]),
-        helper.make_node("Gather", ["xs", "i_mod"], ["x_i"], axis=0),
-        helper.make_node("MatMul", ["h_in", "W"], ["hw"]),
-        helper.make_node("Add", ["hw", "x_i"], ["pre"]),
-        helper.make_node("Tanh", ["pre"], ["h_out"]),
-        helper.make_node("ReduceSum", ["h_out"], ["s"], keepdims=0),
-        helper.make_node("Less", ["s", "limit"], ["below"]),
-        helper.make_node("Less", ["i", "nine"], ["early"]),  # bounds the condition-only loop
-        helper.make_node("And", ["below", "early"], ["cond_out"]),
-        helper.make_node("Identity", ["h_out"], ["h_scan"]),
-    ]
-    outputs = [_info("cond_out", TensorProto.BOOL, []), _info("h_out", F, [2, 3])]
-    if scan_output:
-        outputs.append(_info("h_scan", F, [2, 3]))
-    body = _graph(body_nodes, [_info("i", TensorProto.INT64, []), _info("cond_in", TensorProto.BOOL, []),
-                               _info("h_in", F, [2, 3])], outputs)
-    loop_outputs = ["h_final", "h_all"] if scan_output else ["h_final"]
-    nodes = [helper.make_node("Loop", [trip_count, cond, "h0"], loop_outputs, body=body)]
-    inputs = [("xs", np.float32, [6, 2, 3]), ("h0", np.float32, [2, 3])]
-    if trip_count:
-        inputs.append(("M", np.int64, []))
-    if cond:
-        inputs.append(("c", np.bool_, []))
-    init = {"W": np.random.default_rng(1).standard_normal((3, 3)).astype(np.float32), "limit": np.float32(1.0),
-            "six": np.array(6, np.int64), "nine": np.array(9, np.int64)}
-    output_types = [("h_final", np.float32, [2, 3]), ("h_all", np.float32, ["trips", 2, 3])][: len(loop_outputs)]
-    return make_model(nodes, inputs, output_types, init, opset=opset)
 
 
 @pytest.mark.parametrize("opset", OPSETS)
@@ -84,7 +33,7 @@ def _loop_model(opset, trip_count, cond, scan_output=True):
     ("", "c", {"c": np.array(True)}),
 ])
 def test_loop_trip_count_and_condition(opset, trip_count, cond, feeds):
-    model = _loop_model(opset, trip_count, cond, scan_output=not (cond and not feeds["c"].item()))
+    model = loop_model(opset, trip_count, cond, scan_output=not (cond and not feeds["c"].item()))
     rng = np.random.default_rng(0)
     base = {"xs": rng.standard_normal((6, 2, 3)).astype(np.float32) * 0.3,
             "h0": rng.standard_normal((2, 3)).astype(np.float32) * 0.3}
@@ -92,7 +41,7 @@ def test_loop_trip_count_and_condition(opset, trip_count, cond, feeds):
 
 
 def test_loop_gradient_reaches_outer_weight():
-    gm = onnx2torch_rnn.convert(_loop_model(17, "M", ""))
+    gm = onnx2torch_rnn.convert(loop_model(17, "M", ""))
     h_final, h_all = gm(torch.randn(6, 2, 3) * 0.3, torch.randn(2, 3) * 0.3, torch.tensor(4))
     assert h_all.shape == (4, 2, 3)
     (h_final.sum() + h_all.sum()).backward()
@@ -101,13 +50,13 @@ def test_loop_gradient_reaches_outer_weight():
 
 
 def test_nested_loop_in_if_reads_both_scopes():
-    inner = _graph([helper.make_node("Add", ["acc_in", "step"], ["acc_out"]),
+    inner = graph([helper.make_node("Add", ["acc_in", "step"], ["acc_out"]),
                     helper.make_node("Identity", ["c_in"], ["c_out"])],
-                   [_info("j", TensorProto.INT64, []), _info("c_in", TensorProto.BOOL, []), _info("acc_in", F, [2])],
-                   [_info("c_out", TensorProto.BOOL, []), _info("acc_out", F, [2])], "inner")
-    then_branch = _graph([helper.make_node("Loop", ["n", "", "x"], ["looped"], body=inner)], [],
-                         [_info("looped", F, [2])], "then")
-    else_branch = _graph([helper.make_node("Neg", ["x"], ["negated"])], [], [_info("negated", F, [2])], "else")
+                   [info("j", TensorProto.INT64, []), info("c_in", TensorProto.BOOL, []), info("acc_in", F, [2])],
+                   [info("c_out", TensorProto.BOOL, []), info("acc_out", F, [2])], "inner")
+    then_branch = graph([helper.make_node("Loop", ["n", "", "x"], ["looped"], body=inner)], [],
+                         [info("looped", F, [2])], "then")
+    else_branch = graph([helper.make_node("Neg", ["x"], ["negated"])], [], [info("negated", F, [2])], "else")
     nodes = [helper.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch)]
     model = make_model(nodes, [("flag", np.bool_, []), ("x", np.float32, [2]), ("n", np.int64, [])], ["y"],
                        {"step": np.float32([0.5, -1.0])})
@@ -115,30 +64,18 @@ def test_nested_loop_in_if_reads_both_scopes():
         check(model, {"flag": np.array(flag), "x": np.float32([1.0, 2.0]), "n": np.array(3, np.int64)})
 
 
-def _scan_model(opset, input_axis, input_direction, output_axis, output_direction):
-    body = _graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
-                   helper.make_node("Mul", ["s_out", "scale"], ["y_t"])],
-                  [_info("s_in", F, [2]), _info("x_t", F, [2])], [_info("s_out", F, [2]), _info("y_t", F, [2])])
-    attrs = {"num_scan_inputs": 1, "scan_input_axes": [input_axis], "scan_input_directions": [input_direction],
-             "scan_output_axes": [output_axis], "scan_output_directions": [output_direction]}
-    nodes = [helper.make_node("Scan", ["s0", "xs"], ["s_final", "ys"], body=body, **attrs)]
-    xs_shape = [4, 2] if input_axis in (0, -2) else [2, 4]
-    return make_model(nodes, [("s0", np.float32, [2]), ("xs", np.float32, xs_shape)], ["s_final", "ys"],
-                      {"scale": np.float32([2.0, -1.0])}, opset=opset)
-
-
 @pytest.mark.parametrize("opset", [9, 11, 16, 19, 21, 25])
 @pytest.mark.parametrize("input_axis, input_direction, output_axis, output_direction",
                          [(0, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 1), (-2, 1, -1, 0)])
 def test_scan(opset, input_axis, input_direction, output_axis, output_direction):
-    check(_scan_model(opset, input_axis, input_direction, output_axis, output_direction))
+    check(scan_model(opset, input_axis, input_direction, output_axis, output_direction))
 
 
 @pytest.mark.parametrize("with_lengths", [False, True])
 def test_scan_8_batch_and_sequence_lens(with_lengths):
-    body = _graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+    body = graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
                    helper.make_node("Identity", ["s_out"], ["y_t"])],
-                  [_info("s_in", F, [2]), _info("x_t", F, [2])], [_info("s_out", F, [2]), _info("y_t", F, [2])])
+                  [info("s_in", F, [2]), info("x_t", F, [2])], [info("s_out", F, [2]), info("y_t", F, [2])])
     node = helper.make_node("Scan", ["lens" if with_lengths else "", "s0", "xs"], ["s_final", "ys"], body=body,
                             num_scan_inputs=1, directions=[0])
     inputs = [("s0", np.float32, [3, 2]), ("xs", np.float32, [3, 4, 2])]
@@ -158,9 +95,9 @@ def _zero_trip_model(h_shape, body_output_shape, reshape):
         nodes.append(helper.make_node("Reshape", ["h_out", "target"], ["h_scan"]))
     else:
         nodes.append(helper.make_node("Identity", ["h_out"], ["h_scan"]))
-    body = _graph(nodes,
-                  [_info("i", TensorProto.INT64, []), _info("c", TensorProto.BOOL, []), _info("h_in", F, h_shape)],
-                  [_info("c", TensorProto.BOOL, []), _info("h_out", F, h_shape), _info("h_scan", F, body_output_shape)])
+    body = graph(nodes,
+                  [info("i", TensorProto.INT64, []), info("c", TensorProto.BOOL, []), info("h_in", F, h_shape)],
+                  [info("c", TensorProto.BOOL, []), info("h_out", F, h_shape), info("h_scan", F, body_output_shape)])
     body.node.insert(0, helper.make_node("Identity", ["c"], ["c_copy"]))  # keep the body's cond input used
     inputs = [("h0", np.float32, h_shape), ("M", np.int64, []), ("target", np.int64, [None])]
     loop = helper.make_node("Loop", ["M", "", "h0"], ["h_final", "h_all"], body=body)
