@@ -1,0 +1,102 @@
+"""Recognised (fused) models on a CUDA GPU: the same numbers as onnxruntime on CPU, gradients on the GPU, and
+torch.compile there. The GPU tests are skipped without one; the native kernel is CPU-only, so they run the Python
+path (cuDNN's kernels on the fast path). Each case also runs on CPU, which checks the case itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import onnx2torch_rnn
+from tests.helpers import recurrent_modules
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# the CPU runs check the cases themselves (feeds, reference), so that a GPU run only adds the device
+DEVICES = ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)]
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "tests" / "models"
+
+
+def _floats(rng, batch, time, features, zero_steps=False):
+    x = rng.standard_normal((batch, time, features)).astype(np.float32)
+    if zero_steps:  # Keras Masking: all-zero steps are masked, not only at the end
+        x[:, 2] = 0
+        x[0, -3:] = 0
+    return x
+
+
+# model -> feeds(rng, batch); each fused by recognition into recurrent modules (checked below)
+CASES = {
+    "examples/bilstm_tagger.onnx": lambda rng, n: {"tokens": rng.integers(0, 50, (n, 9))},
+    "tests/models/torch/ts_packed_lstm_l2_unsorted_op19.onnx": lambda rng, n: {
+        "x": _floats(rng, n, 8, 6), "lengths": rng.integers(1, 9, n)},
+    "tests/models/torch/dynamo_rnn_relu_l2_bi_bf.onnx": lambda rng, n: {"x": _floats(rng, n, 5, 6)},
+    "tests/models/keras/tf_keras_masking_gru.onnx": lambda rng, n: {"x": _floats(rng, n, 7, 5, zero_steps=True)},
+    "tests/models/keras/keras3_gru_reset_before.onnx": lambda rng, n: {"x": _floats(rng, n, 7, 5)},
+    "tests/models/keras/keras3_bi_lstm_concat.onnx": lambda rng, n: {"x": _floats(rng, n, 7, 5)},
+    "tests/models/keras/keras3_embedding_mask_lstm.onnx": lambda rng, n: {
+        "x": np.where(np.arange(7) < rng.integers(1, 8, (n, 1)), rng.integers(1, 12, (n, 7)), 0).astype(np.int32)},
+    "tests/models/keras/tf_v1_bi_gru_cell.onnx": lambda rng, n: {"x:0": _floats(rng, n, 7, 5)},
+}
+
+
+@pytest.fixture
+def cudnn_ieee():
+    """cuDNN RNNs and matmuls may use TF32 on Ampere and newer: compare in full float32 precision."""
+    previous = torch.backends.cudnn.rnn.fp32_precision, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.rnn.fp32_precision, torch.backends.cuda.matmul.allow_tf32 = "ieee", False
+    yield
+    torch.backends.cudnn.rnn.fp32_precision, torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _expected(path: str, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(str(ROOT / path), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _on(device: str, outputs) -> list[torch.Tensor]:
+    outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+    assert all(o.device.type == device for o in outputs)
+    return list(outputs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", CASES)
+def test_fused_model_matches_onnxruntime(path, device, cudnn_ieee):
+    module = onnx2torch_rnn.convert(ROOT / path).to(device)
+    assert recurrent_modules(module), "recognition fused nothing"
+    rng = np.random.default_rng(0)
+    for batch in (1, 3):
+        feeds = CASES[path](rng, batch)
+        outputs = _on(device, module(*(torch.from_numpy(v).to(device) for v in feeds.values())))
+        for got, want in zip(outputs, _expected(path, feeds), strict=True):
+            np.testing.assert_allclose(got.detach().cpu().numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", CASES)
+def test_fused_model_trains(path, device, cudnn_ieee):
+    module = onnx2torch_rnn.convert(ROOT / path).to(device).train()
+    feeds = CASES[path](np.random.default_rng(1), 3)
+    outputs = _on(device, module(*(torch.from_numpy(v).to(device) for v in feeds.values())))
+    sum(o.float().square().mean() for o in outputs if o.is_floating_point()).backward()
+    grads = [p.grad for p in module.parameters()]
+    assert grads and all(g is not None and g.device.type == device for g in grads)
+    assert any(bool(g.abs().sum() > 0) for g in grads)
+
+
+@NEEDS_CUDA
+@pytest.mark.compile
+@pytest.mark.parametrize("path", ["examples/bilstm_tagger.onnx", "tests/models/keras/tf_keras_masking_gru.onnx",
+                                  "tests/models/torch/dynamo_rnn_relu_l2_bi_bf.onnx"])
+def test_fused_model_compiles_on_cuda(path, cudnn_ieee):
+    module = onnx2torch_rnn.convert(ROOT / path).to("cuda")
+    compiled = torch.compile(module, fullgraph=True)
+    feeds = CASES[path](np.random.default_rng(2), 3)
+    outputs = _on("cuda", compiled(*(torch.from_numpy(v).cuda() for v in feeds.values())))
+    for got, want in zip(outputs, _expected(path, feeds), strict=True):
+        np.testing.assert_allclose(got.detach().cpu().numpy(), want, rtol=1e-4, atol=1e-5)
