@@ -24,7 +24,7 @@ from ..modules.common import Module
 from ..torch_compat import buffer_dict, flat_weight_names, has_forward_hooks, parameter_dict
 from . import kernel, op
 from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
-from .runtime import recurrent
+from .runtime import needs_grad, recurrent
 
 
 class FastWeights:
@@ -38,11 +38,6 @@ class FastWeights:
 
     def __call__(self) -> list[Tensor]:
         return [self.parameters[name] for name in self.names]
-
-
-def needs_grad(tensors: Iterable[Tensor | None]) -> bool:
-    """Whether autograd must see the computation: grad mode is on and some tensor requires grad."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def native_inference(X: Tensor, tensors: Iterable[Tensor | None]) -> bool:

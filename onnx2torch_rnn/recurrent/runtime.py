@@ -15,7 +15,7 @@ onnxruntime is the reference throughout; where it departs from the written spec 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import MappingProxyType
 
 import torch
@@ -27,6 +27,11 @@ from .validation import check_lengths_dtype, check_shape, check_shapes
 
 _TORCH_KERNELS = MappingProxyType({"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh,
                                    "RNN_RELU": torch.rnn_relu})
+
+
+def needs_grad(tensors: Iterable[Tensor | None]) -> bool:
+    """Whether autograd must see the computation: grad mode is on and some tensor requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: Tensor | None, B: Tensor | None = None,
@@ -182,8 +187,10 @@ def _torch_core(cell, cfg, x, weights, lens, h0, c0):
     if reverse:
         x = _reverse(x, lens)
     kernel = _TORCH_KERNELS[mode]
+    # train: cuDNN keeps what its backward needs only in training mode (without dropout it computes the same)
+    train = needs_grad((x, *hx, *weights))
     if not pack:
-        y, *states = kernel(x, hx if cell.has_cell_state else hx[0], weights, has_bias, 1, 0.0, False,
+        y, *states = kernel(x, hx if cell.has_cell_state else hx[0], weights, has_bias, 1, 0.0, train,
                             bidirectional, False)
         if lens is not None:  # length 0 reads step 0 and is zeroed by the caller
             last = (lens - 1).clamp(min=0).view(1, batch, 1).expand(1, batch, hidden)
@@ -192,7 +199,7 @@ def _torch_core(cell, cfg, x, weights, lens, h0, c0):
         packed = pack_padded_sequence(x, lens.clamp(min=1).cpu(), enforce_sorted=False)
         hx = [s.index_select(1, packed.sorted_indices) for s in hx]
         data, *states = kernel(packed.data, packed.batch_sizes, hx if cell.has_cell_state else hx[0], weights,
-                               has_bias, 1, 0.0, False, bidirectional)
+                               has_bias, 1, 0.0, train, bidirectional)
         y = pad_packed_sequence(PackedSequence(data, packed.batch_sizes, packed.sorted_indices,
                                                packed.unsorted_indices), total_length=steps)[0]
         states = [s.index_select(1, packed.unsorted_indices) for s in states]
