@@ -183,7 +183,9 @@ def _torch_core(cell, cfg, x, weights, lens, h0, c0):
     bidirectional, reverse = directions == 2, cfg.direction == "reverse"
     has_bias = len(weights) == 4 * directions
     zeros = x.new_zeros(directions, batch, hidden)
-    hx = [zeros if h0 is None else h0] + ([zeros if c0 is None else c0] if cell.has_cell_state else [])
+    # cuDNN refuses a strided state (a slice or transposition of another value); .contiguous() copies only those
+    hx = [zeros if h0 is None else h0.contiguous()] + (
+        [zeros if c0 is None else c0.contiguous()] if cell.has_cell_state else [])
     if reverse:
         x = _reverse(x, lens)
     kernel = _TORCH_KERNELS[mode]
