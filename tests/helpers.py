@@ -221,12 +221,13 @@ def perturbed(op_type, node_name, fn=lambda y: y * 1.01 + 0.01, opset=17):
 
 def assert_fused_trains_like_literal(path, x: np.ndarray) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The model at ``path`` converted with recognition and as written (fuse=False) gives the same loss (the sum of
-    its squared output) and the same gradient at its input ``x``; returns the two modules (fused, literal)."""
+    its squared outputs) and the same gradient at its input ``x``; returns the two modules (fused, literal)."""
     losses, grads, modules = [], [], []
     for fuse in (True, False):
         module = onnx2torch_rnn.convert(path, fuse=fuse)
         given = torch.from_numpy(x).requires_grad_()
-        loss = module(given).square().sum()
+        outputs = module(given)
+        loss = sum(o.square().sum() for o in (outputs if isinstance(outputs, tuple) else (outputs,)))
         loss.backward()
         losses.append(loss.item())
         grads.append(given.grad)

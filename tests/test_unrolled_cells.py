@@ -2,9 +2,10 @@
 
 dynamo's unrolled nn.RNN (tests/models/torch) and onnx.helper models of LSTM / GRU / RNN steps written out with
 Gemm / MatMul, Split / Slice / Gather, activations and Mul / Add: each chain (a layer, a direction) becomes one
-LoopedRecurrent that matches onnxruntime on the original graph, trains, compiles in one graph and exports. Near-misses
-(an extra op in one step, a step with other weights, a weight or a middle state read elsewhere) stay as written and
-still match.
+LoopedRecurrent, and layers joined by dynamo's glue (directions concatenated, zero or sliced initial states, final
+states stacked) one StackedRecurrent; each matches onnxruntime on the original graph, trains, compiles in one graph
+and exports. Near-misses (an extra op in one step, a step with other weights, a weight or a middle state read
+elsewhere; glue read elsewhere or in another order) stay as written, or as separate layers, and still match.
 """
 
 from __future__ import annotations
@@ -18,18 +19,24 @@ import torch
 from onnx import helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn.recurrent import LoopedRecurrent
+from onnx2torch_rnn.recurrent import LoopedRecurrent, StackedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
-from tests.helpers import make_model
+from tests.helpers import assert_fused_trains_like_literal, make_model, recurrent_modules
 
 TORCH = MODELS / "torch"
 MANIFEST = read_manifest(TORCH)
 ENTRIES = {e["file"]: e for e in MANIFEST["models"]}
-DYNAMO = {"dynamo_rnn_tanh.onnx": 1, "dynamo_rnn_relu_l2_bi_bf.onnx": 4, "dynamo_rnn_l3_h0_nobias.onnx": 3}
+DYNAMO = {"dynamo_rnn_tanh.onnx": (1, 1), "dynamo_rnn_relu_l2_bi_bf.onnx": (2, 2),
+          "dynamo_rnn_l3_h0_nobias.onnx": (3, 1)}  # layers, directions
+BI = "dynamo_rnn_relu_l2_bi_bf.onnx"
 
 
 def looped(module) -> list[LoopedRecurrent]:
     return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
+
+
+def stacks(module) -> list[StackedRecurrent]:
+    return [m for m in module.modules() if isinstance(m, StackedRecurrent)]
 
 
 def literal_ops(module) -> list[str]:
@@ -39,39 +46,49 @@ def literal_ops(module) -> list[str]:
 
 
 def dynamo_sets(file: str) -> list[dict[str, np.ndarray]]:
-    """Two input sets at batch 2 and one at batch 3 (the dynamo models are specialised to 5 steps)."""
-    return manifest_input_sets(TORCH, ENTRIES[file], MANIFEST["sizes"])
+    """Two input sets at batch 2, one at batch 3 and one at batch 1 (the dynamo models are specialised to 5
+    steps)."""
+    sets = manifest_input_sets(TORCH, ENTRIES[file], MANIFEST["sizes"])
+    batch = {name: spec["dims"].index("batch") for name, spec in ENTRIES[file]["inputs"].items()}
+    return [*sets, {name: np.take(value, [0], axis=batch[name]) for name, value in sets[2].items()}]
+
+
+def steps(file: str, feeds: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
+    """``feeds`` with x of ``count`` steps (the first ones, repeated where there are fewer)."""
+    axis = ENTRIES[file]["inputs"]["x"]["dims"].index("time")
+    return {**feeds, "x": np.take(feeds["x"], np.arange(count) % feeds["x"].shape[axis], axis=axis)}
 
 
 @pytest.mark.parametrize("file", sorted(DYNAMO))
-def test_dynamo_unrolled_rnn_becomes_one_module_per_layer_and_direction(file):
+def test_dynamo_unrolled_rnn_becomes_one_stack(file):
+    """The whole graph becomes one StackedRecurrent of bidirectional (or forward) layers: the directions' Concats,
+    zero or sliced initial states, final states stacked and Transposes to and from batch-major go with it."""
     model = onnx.load(TORCH / file)
     module = onnx2torch_rnn.convert(model)
-    cells = looped(module)
-    assert len(cells) == DYNAMO[file]
-    assert all(type(c.layer).__name__ == "OnnxRNN" and c.layer.fast for c in cells)
-    assert not {"MatMul", "Add", "Tanh", "Relu", "SequenceAt"} & set(literal_ops(module))
+    layers, directions = DYNAMO[file]
+    (stack,) = stacks(module)
+    assert [n.op for n in module.graph.nodes].count("call_module") == 1 and not looped(module)
+    assert len(stack.layers) == layers and stack.window[0] == (0, 5)
+    assert all(type(r).__name__ == "OnnxRNN" and r.fast and r.config.num_directions == directions
+               for r in stack.layers)
+    (fused,) = [n for n in module.graph.nodes if n.op == "call_module"]
+    assert sorted(fused.meta["onnx"]["replaces"]) == sorted(n.name for n in model.graph.node)
     sets = dynamo_sets(file)
-    assert {s["x"].shape[1 if "_bf" not in file else 0] for s in sets} == {2, 3}
+    assert {s["x"].shape[1 if "_bf" not in file else 0] for s in sets} == {1, 2, 3}
     for feeds in sets:
         compare_with_onnxruntime(module, model, feeds)
     literal = onnx2torch_rnn.convert(model, fuse=False)
-    assert not looped(literal) and "MatMul" in literal_ops(literal)
+    assert not recurrent_modules(literal) and "MatMul" in literal_ops(literal)
 
 
-def test_dynamo_unrolled_rnn_trains():
-    """Gradients reach the fused layers' weights, which are parameters, and a step changes the outputs."""
-    file = "dynamo_rnn_relu_l2_bi_bf.onnx"
-    model = onnx.load(TORCH / file)
-    module = onnx2torch_rnn.convert(model)
-    feeds = dynamo_sets(file)[0]
-    module.train()
-    y, h_n = module(torch.from_numpy(feeds["x"]))
-    (y.sum() + h_n.square().sum()).backward()
-    for cell in looped(module):
-        weights = list(cell.layer.parameters())
-        assert weights and all(isinstance(p, torch.nn.Parameter) for p in weights)
-        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in weights)
+@pytest.mark.parametrize("file", ["dynamo_rnn_tanh.onnx", BI])
+def test_dynamo_unrolled_rnn_trains_like_the_graph(file):
+    """The loss and the gradient at x match the graph as written; the gradient reaches every fused weight, which
+    is a parameter."""
+    fused, _ = assert_fused_trains_like_literal(TORCH / file, dynamo_sets(file)[0]["x"])
+    weights = [p for r in recurrent_modules(fused) for p in r.parameters()]
+    assert weights and all(isinstance(p, torch.nn.Parameter) for p in weights)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in weights)
 
 
 @pytest.mark.compile
@@ -86,21 +103,96 @@ def test_dynamo_unrolled_rnn_compiles_in_one_graph_and_exports_with_dynamic_batc
     shapes = [{axis if i.name == "x" else 1: batch} for i in model.graph.input]
     exported = torch.export.export(module, tuple(args), dynamic_shapes=shapes).module()
     compiled = torch.compile(module, fullgraph=True, dynamic=True, backend="eager")
-    for feeds in sets:
+    for feeds in sets[:3]:
         for runner in (exported, compiled):
             compare_with_onnxruntime(runner, model, feeds)
+    compare_with_onnxruntime(compiled, model, steps(file, sets[0], 7))  # the first steps forwards, the last backwards
 
 
-def test_dynamo_window_reads_the_unrolled_steps_and_refuses_fewer():
-    """dynamo specialised the graph to 5 steps: the fused layers read those of a longer x, as the graph does, and
-    fail where x is shorter (the graph's SequenceAt fails there too)."""
-    file = "dynamo_rnn_relu_l2_bi_bf.onnx"
+@pytest.mark.parametrize("file", sorted(DYNAMO))
+def test_dynamo_window_reads_the_unrolled_steps_and_refuses_fewer(file):
+    """dynamo specialised the graph to 5 steps: the fused stack reads those of a longer x as the graph does (the
+    forward direction the first 5, the reverse the last 5), and fails where x is shorter (the graph's SequenceAt
+    fails there too). At 5 steps each layer is one call; at 7 the first layer's directions read other steps."""
     model = onnx.load(TORCH / file)
     module = onnx2torch_rnn.convert(model)
-    x = np.random.default_rng(1).standard_normal((2, 7, 6)).astype(np.float32)
-    compare_with_onnxruntime(module, model, {"x": x})
+    first = stacks(module)[0].layers[0]
+    calls = []
+    original = first.run_op
+    first.run_op = lambda *args, **kwargs: calls.append(args[0].shape[0]) or original(*args, **kwargs)
+    feeds = dynamo_sets(file)[0]
+    compare_with_onnxruntime(module, model, steps(file, feeds, 5))
+    assert calls == [5]
+    calls.clear()
+    compare_with_onnxruntime(module, model, steps(file, feeds, 7))
+    assert calls == [5] * first.config.num_directions
     with pytest.raises(RuntimeError, match="reads 5 steps"):
-        module(torch.zeros(2, 4, 6))
+        module(*(torch.from_numpy(v) for v in steps(file, feeds, 4).values()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Near-misses of dynamo's glue: each changes one proven detail of the 2-layer bidirectional model; its layers stay
+# apart (one module per layer and direction) and still match.
+
+def _edited(edit) -> onnx.ModelProto:
+    model = onnx.load(TORCH / BI)
+    edit(model.graph, {n.output[0]: n for n in model.graph.node})
+    return model
+
+
+def _direction_read_elsewhere(graph, producer):
+    """The first layer's forward Y is also a graph output."""
+    graph.output.append(helper.make_tensor_value_info("cat", onnx.TensorProto.FLOAT, [5, "batch", 8]))
+
+
+def _directions_swapped(graph, producer):
+    """The first layer's directions concatenated reverse first."""
+    concat = producer["cat_2"]
+    concat.input[:] = list(concat.input)[::-1]
+
+
+def _final_states_swapped(graph, producer):
+    """h_n lists the second layer's states first."""
+    concat = producer["h_n"]
+    concat.input[:] = [*concat.input[2:], *concat.input[:2]]
+
+
+def _state_not_zero(graph, producer):
+    """The second layer's forward initial state is the zeros' row plus 0.5."""
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    graph.node.append(helper.make_node("Add", ["getitem_2", "half"], ["shifted"]))
+    producer["unsqueeze_2"].input[0] = "shifted"
+    nodes = list(graph.node)
+    nodes.insert(nodes.index(producer["getitem_2"]) + 1, nodes.pop())  # topological order: after its input
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+NEAR_MISSES = [_direction_read_elsewhere, _directions_swapped, _final_states_swapped, _state_not_zero]
+
+
+@pytest.mark.parametrize("edit", NEAR_MISSES)
+def test_dynamo_glue_near_misses_stay_apart(edit):
+    model = _edited(edit)
+    module = onnx2torch_rnn.convert(model)
+    layers = recurrent_modules(module)  # some one-direction layers may be stacks of one layer
+    assert len(layers) == 4 and all(r.config.num_directions == 1 for r in layers)
+    for feeds in dynamo_sets(BI)[2:]:  # batch 3 and 1
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def test_dynamo_states_that_are_not_zeros_are_rows_the_stack_reads():
+    """Zeros made of 0.5: the layers' initial states are rows 0:2 and 2:4 of that value, which the stack reads."""
+    def half(graph, producer):
+        graph.initializer.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+        producer["zeros"].input[0] = "half"
+
+    model = _edited(half)
+    module = onnx2torch_rnn.convert(model)
+    (stack,) = stacks(module)
+    assert stack.initial_h == ((0, 0, 2), (0, 2, 4))
+    for feeds in dynamo_sets(BI)[2:]:
+        compare_with_onnxruntime(module, model, feeds)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,18 +233,18 @@ class Unrolled:
         self.weights[name] = np.asarray(value)
         return name
 
-    def x_steps(self) -> list[str]:
+    def x_steps(self, x: str = "x") -> list[str]:
         """x's steps [N, I] in x's order."""
         axis0 = self.constant(np.array([0]))
         if self.slice_with == "split":
-            parts = self.op("Split", "x", self.constant(np.ones(self.steps, np.int64)), outputs=self.steps, axis=0)
+            parts = self.op("Split", x, self.constant(np.ones(self.steps, np.int64)), outputs=self.steps, axis=0)
             parts = parts if self.steps > 1 else [parts]
             return [self.op("Squeeze", p, axis0) for p in parts]
         if self.slice_with == "slice":
-            return [self.op("Squeeze", self.op("Slice", "x", self.constant(np.array([t])),
+            return [self.op("Squeeze", self.op("Slice", x, self.constant(np.array([t])),
                                                self.constant(np.array([t + 1])), axis0), axis0)
                     for t in range(self.steps)]
-        return [self.op("Gather", "x", self.constant(np.array(t)), axis=0) for t in range(self.steps)]
+        return [self.op("Gather", x, self.constant(np.array(t)), axis=0) for t in range(self.steps)]
 
     def initial(self, suffix: str = "") -> list[str]:
         names = ["h0", "c0"][: 2 if self.cell == "LSTM" else 1]
@@ -163,11 +255,11 @@ class Unrolled:
         shape = self.op("Concat", batch, self.constant(np.array([H])), axis=0)
         return [self.op("ConstantOfShape", shape) for _ in names]
 
-    def step(self, x: str, states: list[str], suffix: str = "") -> list[str]:
+    def step(self, x: str, states: list[str], suffix: str = "", width: int = FEATURES) -> list[str]:
         gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[self.cell]
         w, r, b = (f"{n}{suffix}" for n in ("W", "R", "B"))
         if w not in self.weights:
-            self.weight(w, (FEATURES, gates * H)), self.weight(b, (gates * H,)), self.weight(f"Rb{suffix}", (H,))
+            self.weight(w, (width, gates * H)), self.weight(b, (gates * H,)), self.weight(f"Rb{suffix}", (H,))
             for name in [f"{r}_{k}" for k in range(3)] if self.cell == "GRU" else [r]:
                 self.weight(name, (H, H if self.cell == "GRU" else gates * H))
         projected = self.op("Gemm", x, w, b)
@@ -195,14 +287,14 @@ class Unrolled:
         return self.op("Add", self.op("Mul", one_minus_z, candidate), self.op("Mul", z, h))
 
     def layer(self, reverse: bool = False, suffix: str = "", xs: list[str] | None = None,
-              after_step=None) -> tuple[str, list[str]]:
+              after_step=None, width: int = FEATURES) -> tuple[str, list[str]]:
         """One direction: its Y [T, N, H] (Concat of each step's h Unsqueezed) and final states. ``after_step(t,
-        states)`` may change the states a step passes on (near-misses)."""
+        states)`` may change the states a step passes on (near-misses); ``width``: the features of its x."""
         xs = xs or self.x_steps()
         states = self.initial(suffix)
         ys: dict[int, str] = {}
         for t in (range(self.steps - 1, -1, -1) if reverse else range(self.steps)):
-            states = self.step(xs[t], states, suffix + ("_other" if t == self.other_weights_at else ""))
+            states = self.step(xs[t], states, suffix + ("_other" if t == self.other_weights_at else ""), width)
             states = after_step(t, states) if after_step else states
             ys[t] = states[0]
         if self.sequence_output:  # stacked from a sequence of [N, H]
@@ -212,6 +304,20 @@ class Unrolled:
         axis0 = self.constant(np.array([0]))
         y = self.op("Concat", *[self.op("Unsqueeze", ys[t], axis0) for t in range(self.steps)], axis=0)
         return y, states
+
+    def stack(self, layers: int = 2) -> list[str]:
+        """Bidirectional layers as dynamo joins them: each reads the previous one's directions concatenated; the
+        outputs are the last Y and the final states Unsqueezed and concatenated (h_n, then c_n)."""
+        x, width, finals = "x", FEATURES, []
+        for layer in range(layers):
+            xs = self.x_steps(x)
+            forward, forward_states = self.layer(suffix=f"_{layer}", xs=xs, width=width)
+            backward, backward_states = self.layer(reverse=True, suffix=f"_{layer}r", xs=xs, width=width)
+            x, width = self.op("Concat", forward, backward, axis=-1), 2 * H
+            finals += [forward_states, backward_states]
+        axis0 = self.constant(np.array([0]))
+        return [x, *(self.op("Concat", *[self.op("Unsqueeze", s[k], axis0) for s in finals], axis=0)
+                     for k in range(len(finals[0])))]
 
     def model(self, outputs: list[str]) -> onnx.ModelProto:
         return make_model(self.nodes, self.inputs, outputs, self.weights)
@@ -286,6 +392,25 @@ def test_bidirectional_unrolled_layer(cell):
     assert sorted(c.layer.config.direction for c in looped(module)) == ["forward", "reverse"]
 
 
+@pytest.mark.parametrize("cell, slice_with", [("LSTM", "split"), ("GRU", "gather"), ("RNN", "slice")])
+def test_unrolled_bidirectional_layers_become_one_stack(cell, slice_with):
+    """Two bidirectional layers (the directions of each reading the same slices of its x), zero states [N, H] made
+    from the graph input's batch, final h and c stacked: one StackedRecurrent, c_n too."""
+    builder = Unrolled(cell, slice_with=slice_with, linear_before_reset=1)
+    outputs = builder.stack()
+    module = check(builder.model(outputs), 0)
+    (stack,) = stacks(module)
+    assert [r.config.num_directions for r in stack.layers] == [2, 2] and stack.window is None
+    assert stack.initial_h == (None, None) and stack.outputs == (True, True, True)[: len(outputs)]
+    assert [n.op for n in module.graph.nodes].count("call_module") == 1
+
+
+def test_unrolled_stack_with_given_states_stays_apart():
+    """Initial states given as [N, H] inputs: a stack would need them as rows of one [L*D, N, H] value."""
+    builder = Unrolled("GRU", given_states=True)
+    check(builder.model(builder.stack()), 4)
+
+
 @pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
 def test_single_step_with_the_state_passed_in_and_out(cell):
     """Streaming models (VAD, denoisers) run one step per call: x [1, N, I], the states in and out as [N, H]."""
@@ -356,13 +481,13 @@ def test_near_misses_stay_as_written(cell, near_miss):
 
 
 def test_codegen_writes_the_window(tmp_path):
-    """The generated code builds the same LoopedRecurrent: it reads the 5 unrolled steps of a longer x too."""
+    """The generated code builds the same StackedRecurrent: it reads the 5 unrolled steps of a longer x too."""
     from onnx2torch_rnn import codegen
 
     model = onnx.load(TORCH / "dynamo_rnn_tanh.onnx")
     converted = codegen.write(model, tmp_path)
     rebuilt = codegen.load_generated(tmp_path).load()
-    assert "window=(0, 5)" in (tmp_path / "model.py").read_text()
+    assert "window=((0, 5),)" in (tmp_path / "model.py").read_text()
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((7, 2, 6)).astype(np.float32))
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(x), converted(x), rtol=0, atol=0)

@@ -292,27 +292,39 @@ def _convert(ctx, match: _Match) -> Converted:
 def looped(match: _Match, *, feeds_next: bool = False):
     """The LoopedRecurrent module of ``match``; ``feeds_next``: its y is read by the next layer (scans.py's cell
     chains), whether or not the graph reads it."""
-    import torch
+    from ..recurrent import LoopedRecurrent
 
-    from ..recurrent import LoopedRecurrent, OnnxGRU, OnnxLSTM, OnnxRNN
-    from ..recurrent.cells import ACTIVATIONS
-
-    cell, (W, R, B, hidden, P) = match.cell, match.weights
-    dtype = torch.from_numpy(np.zeros(0, match.dtype)).dtype
-    takes = [len(ACTIVATIONS[name][0]) for name, _, _ in cell.activations]  # none, alpha, or alpha and beta
-    alpha = [a for (_, a, _), n in zip(cell.activations, takes, strict=True) if n >= 1]
-    beta = [b for (_, _, b), n in zip(cell.activations, takes, strict=True) if n == 2]
     wanted = [o is not None for o in match.outputs]  # y, h_n, c_n, last output
     wanted[0] = wanted[0] or feeds_next
-    layer_class = {"LSTM": OnnxLSTM, "GRU": OnnxGRU, "RNN": OnnxRNN}[cell.op_type]
-    outputs = [wanted[0] or wanted[3], wanted[1], wanted[2]][:layer_class.cell.num_outputs]
-    layer = layer_class(hidden_size=hidden, direction=match.direction, activations=[a[0] for a in cell.activations],
-                        activation_alpha=alpha, activation_beta=beta, linear_before_reset=cell.linear_before_reset,
-                        outputs=outputs,
-                        W=torch.tensor(W, dtype=dtype), R=torch.tensor(R, dtype=dtype),
-                        B=torch.tensor(B, dtype=dtype), P=None if P is None else torch.tensor(P, dtype=dtype),
-                        dtype=dtype, mask_output=match.mask_output)
+    layer = recurrent_layer([match], [wanted[0] or wanted[3], wanted[1], wanted[2]])
     return LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
                            mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted,
                            x_backwards=match.x_backwards, y_backwards=match.y_backwards,
                            window=match.window)
+
+
+def recurrent_layer(matches: list[_Match], outputs: list[bool]):
+    """The OnnxLSTM / OnnxGRU / OnnxRNN of one direction's match, or of a forward and a reverse match of the same
+    cell (one bidirectional layer: weights and activations forward first), computing ``outputs`` (Y, Y_h, Y_c)."""
+    import torch
+
+    from ..recurrent import OnnxGRU, OnnxLSTM, OnnxRNN
+    from ..recurrent.cells import ACTIVATIONS
+
+    first = matches[0]
+    cell, hidden = first.cell, first.weights[3]
+    dtype = torch.from_numpy(np.zeros(0, first.dtype)).dtype
+    activations = [a for m in matches for a in m.cell.activations]  # per direction, as ONNX lists them
+    takes = [len(ACTIVATIONS[name][0]) for name, _, _ in activations]  # none, alpha, or alpha and beta
+    alpha = [a for (_, a, _), n in zip(activations, takes, strict=True) if n >= 1]
+    beta = [b for (_, _, b), n in zip(activations, takes, strict=True) if n == 2]
+    W, R, B = (torch.tensor(np.concatenate([m.weights[k] for m in matches]), dtype=dtype) for k in range(3))
+    peepholes = [m.weights[4] for m in matches]
+    P = None if all(p is None for p in peepholes) else torch.tensor(np.concatenate(
+        [np.zeros((1, 3 * hidden)) if p is None else p for p in peepholes]), dtype=dtype)
+    layer_class = {"LSTM": OnnxLSTM, "GRU": OnnxGRU, "RNN": OnnxRNN}[cell.op_type]
+    return layer_class(hidden_size=hidden, direction="bidirectional" if len(matches) == 2 else first.direction,
+                       activations=[a[0] for a in activations], activation_alpha=alpha, activation_beta=beta,
+                       linear_before_reset=cell.linear_before_reset,
+                       outputs=list(outputs)[:layer_class.cell.num_outputs], W=W, R=R, B=B, P=P, dtype=dtype,
+                       mask_output=first.mask_output)

@@ -21,6 +21,7 @@ exactly [D, N, H], N proven equal to the batch dim of the first layer's input (d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
@@ -36,12 +37,13 @@ _NORMAL = ("", "ai.onnx")
 
 @dataclass
 class _Layer:
-    node: onnx.NodeProto
+    node: onnx.NodeProto | None  # None: a layer recognised from other nodes (unrolled.py), built by ``build``
     directions: int
     hidden: int
     lengths: str  # sequence_lens ('' without)
     # initial_h (5) / initial_c (6) -> None (absent or zeros) or (k, start, end): rows of the stack's k-th source
     states: dict[int, tuple[int, int | None, int | None] | None] = field(default_factory=dict)
+    build: Callable | None = None  # outputs (Y, Y_h, Y_c wanted) -> the layer's module, where ``node`` is None
 
 
 @dataclass
@@ -57,6 +59,7 @@ class _Stack:
     final_states: str = ""  # what h_n / c_n hold: "all" layers' (Concat), "last" layer's only (paddle2onnx)
     sources: list[str] = field(default_factory=list)  # run-time values that initial states are taken from
     outputs: list[str | None] = field(default_factory=list)
+    window: tuple | None = None  # the steps of x each direction of the first layer reads (unrolled.py), None: all
 
     def source(self, name: str) -> int:
         if name not in self.sources:
@@ -407,19 +410,11 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
         stack.layers.append(layer)
 
     y = value if stack.merge_output else _input_out(stack.layers[-1].node, 0)
-    # time-major in front, and back after the last layer, when nothing else reads the transposed values
-    transpose = view.producer.get(stack.x)
     batch = _dim(view, stack.x, 1)  # the batch of every layer: the glue keeps it
-    others = [r for r in view.consumers.get(stack.x, []) if r is not first.node]
-    if (_op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2] and first.node.input[0] == stack.x
-            and list(read_names(first.node)).count(stack.x) == 1 and stack.x not in view.graph_outputs
-            and all(_op(r, "Shape") for r in others)):  # Shapes of it: zero states, absorbed with them
-        stack.x, stack.batch_first = transpose.input[0], True
-        stack.nodes.append(transpose)
-    after = view.only_consumer(y) if stack.merge_output and y else None
-    if _op(after, "Transpose") and attribute(after, "perm") == [1, 0, 2]:
-        y, stack.batch_first_output = after.output[0], True
-        stack.nodes.append(after)
+    if list(read_names(first.node)).count(stack.x) == 1:
+        batch_first(view, stack, {id(first.node)})
+    if stack.merge_output:
+        y = batch_first_output(view, stack, y)
 
     for layer in stack.layers:
         _states(view, stack, layer, batch)
@@ -437,6 +432,27 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
         stack.lengths = first.lengths
         _unpack(view, stack)
     return stack
+
+
+def batch_first(view: GraphView, stack: _Stack, first: set[int]) -> None:
+    """A Transpose to time-major in front of the first layer (its nodes by id: ``first``) joins the stack, which then
+    reads x batch-major, when nothing else reads the transposed value but Shapes (zero states, absorbed with them)."""
+    transpose = view.producer.get(stack.x)
+    others = [r for r in view.consumers.get(stack.x, []) if id(r) not in first]
+    if (_op(transpose, "Transpose") and attribute(transpose, "perm") == [1, 0, 2]
+            and stack.x not in view.graph_outputs and all(_op(r, "Shape") for r in others)):
+        stack.x, stack.batch_first = transpose.input[0], True
+        stack.nodes.append(transpose)
+
+
+def batch_first_output(view: GraphView, stack: _Stack, y: str | None) -> str | None:
+    """The stack's output: ``y`` [T, N, D*H], or the Transpose to batch-major that alone reads it (it joins)."""
+    after = view.only_consumer(y) if y else None
+    if _op(after, "Transpose") and attribute(after, "perm") == [1, 0, 2]:
+        stack.batch_first_output = True
+        stack.nodes.append(after)
+        return after.output[0]
+    return y
 
 
 def _cast_of(view: GraphView, name: str, to: int) -> str | None:
@@ -524,7 +540,7 @@ def stacked_layers(view: GraphView):
         yield Fusion("stacked_layers", f"{len(stack.layers)}-layer {stack.op_type}" if len(stack.layers) > 1
                      else stack.op_type, [layer.node for layer in stack.layers] + stack.nodes,
                      [stack.x, *stack.sources, *[stack.lengths][:bool(stack.lengths)], *_weights(stack)], stack.outputs,
-                     lambda ctx, stack=stack: _convert(ctx, stack))
+                     lambda ctx, stack=stack: convert(ctx, stack))
 
 
 def _weights(stack: _Stack) -> list[str]:
@@ -532,28 +548,15 @@ def _weights(stack: _Stack) -> list[str]:
     return [name for layer in stack.layers for k, name in enumerate(layer.node.input) if k in (1, 2, 3, 7) and name]
 
 
-def _convert(ctx, stack: _Stack) -> Converted:
+def convert(ctx, stack: _Stack) -> Converted:
+    """The StackedRecurrent of ``stack`` (or, for one layer that only lost its zero states, the layer's module)."""
     wanted = [o is not None for o in stack.outputs] + [False] * (3 - len(stack.outputs))
     modules = []
     for index, layer in enumerate(stack.layers):
         last = index == len(stack.layers) - 1
-        proto = onnx.NodeProto()
-        proto.CopyFrom(layer.node)
-        inputs = [*layer.node.input, *[""] * (8 - len(layer.node.input))]
-        inputs[5] = inputs[6] = ""  # the stack passes the initial states
-        while not inputs[-1]:
-            inputs.pop()
-        proto.input[:] = inputs
         states = last or stack.final_states != "last"  # the layer's h_n / c_n are outputs
         flags = [not last or wanted[0], wanted[1] and states, wanted[2] and states and stack.op_type == "LSTM"]
-        while len(flags) > 1 and not flags[-1]:
-            flags.pop()
-        proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
-        converted = ctx.convert(proto)
-        if any(name is not None for k, name in enumerate(converted.inputs[1:], 1) if k != 4) or (
-                converted.inputs[4] not in (None, layer.lengths)):
-            raise AssertionError("a recognised layer must take only X and its lengths at run time")
-        modules.append(converted.module)
+        modules.append(layer.build(flags) if layer.node is None else _converted_layer(ctx, layer, flags))
     lengths = [stack.lengths] if stack.lengths else []
     if len(modules) == 1 and not stack.batch_first and not stack.merge_output and not stack.sources and (
             not lengths or lengths[0] == stack.layers[0].lengths):  # one layer that only lost its zero states
@@ -563,5 +566,24 @@ def _convert(ctx, stack: _Stack) -> Converted:
                               initial_h=[layer.states[5] for layer in stack.layers],
                               initial_c=[layer.states.get(6) for layer in stack.layers],
                               outputs=wanted[: len(stack.outputs)], lengths=bool(lengths),
-                              last_states=stack.final_states == "last")
+                              last_states=stack.final_states == "last", window=stack.window)
     return Converted(module, [stack.x, *stack.sources, *lengths])
+
+
+def _converted_layer(ctx, layer: _Layer, flags: list[bool]):
+    """The module of a layer's own node, which the stack gives its input and initial states."""
+    proto = onnx.NodeProto()
+    proto.CopyFrom(layer.node)
+    inputs = [*layer.node.input, *[""] * (8 - len(layer.node.input))]
+    inputs[5] = inputs[6] = ""  # the stack passes the initial states
+    while not inputs[-1]:
+        inputs.pop()
+    proto.input[:] = inputs
+    while len(flags) > 1 and not flags[-1]:
+        flags = flags[:-1]
+    proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
+    converted = ctx.convert(proto)
+    if any(name is not None for k, name in enumerate(converted.inputs[1:], 1) if k != 4) or (
+            converted.inputs[4] not in (None, layer.lengths)):
+        raise AssertionError("a recognised layer must take only X and its lengths at run time")
+    return converted.module

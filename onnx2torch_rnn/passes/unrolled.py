@@ -20,8 +20,15 @@ x's order, or a ConcatFromSequence of their SequenceConstruct) and the final h a
 a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N proven to be x's batch; the weights (the projection
 of x's too) are read by nothing else. Where the steps read only some of S's steps (dynamo specialises to the
 export's length), the fused layer reads that window of x (``LoopedRecurrent(window=...)``) and fails, as the graph
-does, where x is shorter. Each chain (a layer and a direction) becomes one ``LoopedRecurrent``. Not recognised: a
-step input without a time axis ([N, I] per call), a time axis other than 0, a Y written otherwise.
+does, where x is shorter. Each chain (a layer and a direction) becomes one ``LoopedRecurrent``, unless dynamo's glue
+joins the chains into layers and the layers into a stack (``_layers``, ``_stacks``, ``_stack``): then the whole stack
+is one StackedRecurrent (passes/stacked.py's layer description and module). Proven for that: a forward and a reverse
+chain of the same x and cell whose Ys only one Concat over the features reads, in that order; a layer's Y read only
+by the next layer's chains, which read all of it; initial states zeros of [N, H] (N the first layer's batch) or, in
+every direction of a layer, consecutive rows of one value (a Squeeze of a one-row Slice along axis 0); every chain's
+final state read only by an Unsqueeze of axis 0, those (for several) by one Concat over axis 0 in the chains' order;
+the slicing that two directions share read by them alone. Not recognised: a step input without a time axis ([N, I]
+per call), a time axis other than 0, a Y written otherwise.
 """
 
 from __future__ import annotations
@@ -56,8 +63,20 @@ from .loops import (
     _private,
     _runtime,
     _zero,
+    recurrent_layer,
 )
-from .stacked import _axes, _dim, _op, _rank, _slice
+from .stacked import (
+    _axes,
+    _dim,
+    _Layer,
+    _op,
+    _rank,
+    _slice,
+    _Stack,
+    batch_first,
+    batch_first_output,
+    convert,
+)
 
 _BIG = 2 ** 31 - 1  # a Slice end at least this large runs to the end of the axis
 # ops whose value is (a form of) the step's: the dependency on the slices goes through them
@@ -609,9 +628,16 @@ def _zero_state(view: GraphView, name: str) -> list | None:
     return shape
 
 
+@dataclass
+class _Chain:
+    match: _Match
+    nodes: list[onnx.NodeProto]  # in graph order
+    shared: list[onnx.NodeProto]  # the slicing of x, where other chains read the same slices (else in ``nodes``)
+
+
 def _matches(view: GraphView, slices: _Slices):
-    """(match, nodes) of each chain that reads the slices (their nodes go with the fusion unless two chains share
-    them: then they stay, and the fused nodes read x)."""
+    """Each chain that reads the slices (their nodes go with the fusion unless two chains share them: then they
+    stay, and the fused nodes read x)."""
     projection = _projection(view, slices)
     window = _window(view, slices, projection[0], projection[2]) if projection is not None else False
     if window is False:
@@ -626,7 +652,8 @@ def _matches(view: GraphView, slices: _Slices):
         found = _chain(view, projection[1], leaves[::-1] if reverse else leaves, nodes)
         match = found and _fuse(view, found, nodes, reverse, projection[0], window, reading)
         if match:
-            yield match[0], sorted(match[1], key=lambda n: view.position[id(n)])
+            yield _Chain(match[0], sorted(match[1], key=lambda n: view.position[id(n)]),
+                         [] if reading else slices.nodes)
 
 
 def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, window, reading: list) -> tuple | None:
@@ -658,15 +685,184 @@ def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, win
     return match, list(region.values())
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Layers and stacks: chains joined by dynamo's glue
+
+def _layers(view: GraphView, chains: list[_Chain]) -> list[list[_Chain]]:
+    """The chains as layers: a forward and a reverse chain of the same x and cell whose Ys one Concat over the
+    features joins, in that order; every other chain a layer of its own."""
+    by_x: dict[str, list[_Chain]] = {}
+    for chain in chains:
+        by_x.setdefault(chain.match.x, []).append(chain)
+    layers = []
+    for group in by_x.values():
+        pair = sorted(group, key=lambda c: c.match.direction == "reverse")
+        layers += [pair] if _directions(view, pair) is not None else [[c] for c in group]
+    return layers
+
+
+def _kind(match: _Match) -> tuple:
+    return match.cell.op_type, np.dtype(match.dtype)
+
+
+def _directions(view: GraphView, layer: list[_Chain]) -> onnx.NodeProto | None:
+    """The Concat over the last axis that joins a layer's two directions' Ys [T, N, H] (forward first), if one does
+    and the two are the same cell."""
+    matches = [c.match for c in layer]
+    ys = [m.outputs[0] for m in matches]
+    if len(layer) != 2 or not all(ys) or [m.direction for m in matches] != ["forward", "reverse"] or len(
+            {(*_kind(m), m.cell.linear_before_reset, m.weights[3]) for m in matches}) != 1:
+        return None
+    concat = view.only_consumer(ys[0])
+    if _op(concat, "Concat") and attribute(concat, "axis") in (2, -1) and list(concat.input) == ys and (
+            view.only_consumer(ys[1]) is concat):
+        return concat
+    return None
+
+
+def _layer_y(view: GraphView, layer: list[_Chain]) -> str | None:
+    """A layer's Y [T, N, D*H]: its one direction's, or the Concat of both."""
+    concat = _directions(view, layer)
+    return concat.output[0] if concat is not None else layer[0].match.outputs[0]
+
+
+def _region(layer: list[_Chain]) -> dict[int, onnx.NodeProto]:
+    return {id(n): n for chain in layer for n in [*chain.nodes, *chain.shared]}
+
+
+def _stacks(view: GraphView, layers: list[list[_Chain]]) -> list[list[list[_Chain]]]:
+    """Layers in turn: each layer's Y read by the next layer alone (its x, of the same cell, read in full)."""
+    by_x: dict[str, list] = {}
+    for layer in layers:
+        by_x.setdefault(layer[0].match.x, []).append(layer)
+    following: dict[int, list[_Chain]] = {}
+    for layer in layers:
+        y = _layer_y(view, layer)
+        after = by_x.get(y, []) if y not in view.graph_outputs else []
+        if len(after) == 1 and _kind(after[0][0].match) == _kind(layer[0].match) and all(
+                c.match.window is None for c in after[0]) and all(
+                id(r) in _region(after[0]) for r in view.consumers.get(y, [])):
+            following[id(layer)] = after[0]
+    followers = {id(layer) for layer in following.values()}
+    stacks = []
+    for layer in layers:
+        if id(layer) not in followers:
+            stacks.append([layer])
+            while id(stacks[-1][-1]) in following:
+                stacks[-1].append(following[id(stacks[-1][-1])])
+    return stacks
+
+
+def _stack(view: GraphView, layers: list[list[_Chain]]) -> _Stack | None:
+    """The stack of ``layers`` with its glue: the directions' Concats, zero or sliced initial states, the final
+    states Unsqueezed and concatenated (layer by layer, forward first), Transposes to and from batch-major; None
+    where some part is not that (or there is no glue: one chain stays as it is)."""
+    matches = [c.match for layer in layers for c in layer]
+    first = matches[0]
+    stack = _Stack(first.cell.op_type, [], [d for layer in layers if (d := _directions(view, layer))], first.x,
+                   merge_output=True, final_states="all")
+    batch = _dim(view, first.x, 1)  # every layer's: each keeps its x's batch
+    for layer in layers:
+        own = [c.match for c in layer]
+        states = {k: _initial_rows(view, stack, own, role, batch)
+                  for k, role in ((5, "h"), (6, "c"))[: 2 if first.cell.op_type == "LSTM" else 1]}
+        if False in states.values() or not _shared_inside(view, layer):
+            return None
+        stack.layers.append(_Layer(None, len(own), own[0].weights[3], "", states,
+                                   build=lambda outputs, own=own: recurrent_layer(own, outputs)))
+    region = {k: n for layer in layers for k, n in _region(layer).items()}
+    finals = [_final_states(view, stack, [m.outputs[k] for m in matches], region) for k in (1, 2)]
+    if False in finals:
+        return None
+    windows = [c.match.window for c in layers[0]]
+    stack.window = None if windows == [None] * len(windows) else tuple(w or (0, None) for w in windows)
+    batch_first(view, stack, set(_region(layers[0])))
+    y = batch_first_output(view, stack, _layer_y(view, layers[-1]))
+    if len(matches) == 1 and not stack.nodes:
+        return None  # nothing to gain: the chain's own LoopedRecurrent
+    stack.outputs = [y if y and (view.consumers.get(y) or y in view.graph_outputs) else None, *finals]
+    while len(stack.outputs) > 1 and stack.outputs[-1] is None:
+        stack.outputs.pop()
+    return stack
+
+
+def _shared_inside(view: GraphView, layer: list[_Chain]) -> bool:
+    """Whether the slicing of x that the layer's chains share is read by them alone."""
+    region = _region(layer)
+    return not any(o in view.graph_outputs or any(id(r) not in region for r in view.consumers.get(o, []))
+                   for chain in layer for n in chain.shared for o in n.output)
+
+
+def _initial_rows(view: GraphView, stack: _Stack, matches: list[_Match], role: str, batch):
+    """Where a layer's initial h or c comes from (stacked._Layer.states): None for zeros of [N, H] in every
+    direction (N the stack's batch), (k, start, end) where direction d's is row start + d of the stack's k-th source
+    (Squeezed from a Slice of one row along axis 0), False otherwise."""
+    names = [m.initial.get(role) for m in matches]
+    hidden = matches[0].weights[3]
+    if all(n is None or _zero_state(view, n) == [batch, hidden] for n in names):
+        return None
+    rows = [_row(view, n) if n else None for n in names]
+    if None in rows or len({source for source, _ in rows}) != 1 or [r for _, r in rows] != list(
+            range(rows[0][1], rows[0][1] + len(rows))):
+        return False
+    return stack.source(rows[0][0]), rows[0][1], rows[-1][1] + 1
+
+
+def _row(view: GraphView, name: str) -> tuple[str, int] | None:
+    """(source, k) where ``name`` is row k of source: a Squeeze of axis 0 of a Slice k:k+1 along axis 0."""
+    squeeze = view.producer.get(name)
+    piece = view.producer.get(squeeze.input[0]) if _op(squeeze, "Squeeze") and _axes(view, squeeze, 1) == [0] else None
+    rows = _slice(view, piece) if _op(piece, "Slice") else None
+    if rows is None or rows[0] < 0 or rows[1] != rows[0] + 1:
+        return None
+    return piece.input[0], rows[0]
+
+
+def _final_states(view: GraphView, stack: _Stack, values: list[str | None], region: dict) -> str | bool | None:
+    """The stack's h_n or c_n [L*D, N, H]: every chain's final state [N, H] Unsqueezed (its one reader outside the
+    chains' ``region``) and, for more than one, those concatenated in the chains' order; None where no chain's is
+    read, False where they are read otherwise."""
+    if not any(values):
+        return None
+    outside = [[r for r in view.consumers.get(v, []) if id(r) not in region] if v else [] for v in values]
+    unsqueezes = [r[0] if len(r) == 1 else None for r in outside]
+    if any(v in view.graph_outputs for v in values) or not all(
+            _op(u, "Unsqueeze") and _axes(view, u, 1) == [0] for u in unsqueezes):
+        return False
+    joined = [u.output[0] for u in unsqueezes]
+    if len(joined) == 1:
+        stack.nodes += unsqueezes
+        return joined[0]
+    concat = view.only_consumer(joined[0])
+    if not (_op(concat, "Concat") and attribute(concat, "axis") in (0, -3) and list(concat.input) == joined
+            and all(view.only_consumer(v) is concat for v in joined)):
+        return False
+    stack.nodes += [*unsqueezes, concat]
+    return concat.output[0]
+
+
 @register_pattern("unrolled_cells")
 def unrolled_cells(view: GraphView):
     """T copies of one LSTM / GRU / RNN cell step chained through their states (dynamo's unrolled nn.RNN,
-    hand-unrolled and single-step streaming cells)."""
+    hand-unrolled and single-step streaming cells); a stack of such layers joined by dynamo's glue becomes one
+    StackedRecurrent."""
     taken: set[int] = set()
+    chains: list[_Chain] = []
     for slices in _slices(view):
         if {id(n) for n in slices.nodes} & taken:
             continue
-        for match, nodes in _matches(view, slices):
-            taken |= {id(n) for n in nodes}
-            yield Fusion("unrolled_cells", f"{match.cell.op_type} unrolled", nodes, _runtime(match), match.outputs,
-                         lambda ctx, match=match: _convert(ctx, match))
+        for chain in _matches(view, slices):
+            taken |= {id(n) for n in chain.nodes}
+            chains.append(chain)
+    for layers in _stacks(view, _layers(view, chains)):
+        stack = _stack(view, layers)
+        if stack is not None:
+            nodes = [*(n for layer in layers for n in _region(layer).values()), *stack.nodes]
+            op_type = f"{len(layers)}-layer {stack.op_type}" if len(layers) > 1 else stack.op_type
+            yield Fusion("unrolled_cells", f"{op_type} unrolled", sorted(nodes, key=lambda n: view.position[id(n)]),
+                         [stack.x, *stack.sources], stack.outputs, lambda ctx, stack=stack: convert(ctx, stack))
+            continue
+        for chain in (chain for layer in layers for chain in layer):  # each chain as it is
+            match = chain.match
+            yield Fusion("unrolled_cells", f"{match.cell.op_type} unrolled", chain.nodes, _runtime(match),
+                         match.outputs, lambda ctx, match=match: _convert(ctx, match))

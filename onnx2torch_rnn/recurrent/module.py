@@ -197,14 +197,21 @@ class StackedRecurrent(Module):
     the last layer's output ([T, N, D*H]; [N, T, D*H] with ``batch_first_output``; its Y as is, [T, D, N, H],
     without ``merge_output``), then h_n and c_n, the layers' Y_h and Y_c concatenated (the last layer's alone with
     ``last_states``, as paddle2onnx writes them).
+    With ``window``, one (start, stop) per direction of the first layer, that direction reads ``x[start:stop]`` only
+    (an unrolled layer, ``passes/unrolled.py``: dynamo's forward reads the first steps it unrolled, its reverse the
+    last ones), and x must have those steps, as the unrolled graph requires.
     """
 
     def __init__(self, layers: Sequence[Recurrent], *, batch_first: bool = False, batch_first_output: bool = False,
                  merge_output: bool = True, initial_h: Sequence[tuple[int, int | None, int | None] | None] = (),
                  initial_c: Sequence[tuple[int, int | None, int | None] | None] = (),
-                 outputs: Sequence[bool] = (True,), lengths: bool = False, last_states: bool = False):
+                 outputs: Sequence[bool] = (True,), lengths: bool = False, last_states: bool = False,
+                 window: Sequence[tuple[int, int | None]] | None = None):
         super().__init__()
+        if window is not None and lengths:
+            raise ValueError("a stack reads either a window of x or lengths, not both")
         self.lengths, self.last_states = lengths, last_states
+        self.window = None if window is None else tuple(tuple(w) for w in window)
         self.layers = nn.ModuleList(layers)
         self.batch_first, self.batch_first_output, self.merge_output = batch_first, batch_first_output, merge_output
         self.initial_h = tuple(initial_h) or (None,) * len(layers)
@@ -220,8 +227,11 @@ class StackedRecurrent(Module):
         last = len(layers) - 1
         h_n, c_n = [], []
         for index, layer in enumerate(layers):
-            y, y_h, y_c = run(layer, x, lengths, _rows(states, self.initial_h[index]),
-                              _rows(states, self.initial_c[index]))
+            args = (lengths, _rows(states, self.initial_h[index]), _rows(states, self.initial_c[index]))
+            if index == 0 and self.window is not None:
+                y, y_h, y_c = _over_windows(run, layer, x, self.window, *args)
+            else:
+                y, y_h, y_c = run(layer, x, *args)
             h_n.append(y_h)
             c_n.append(y_c)
             x = y.transpose(1, 2).flatten(2) if y is not None and (index < last or self.merge_output) else y
@@ -263,6 +273,8 @@ class StackedRecurrent(Module):
             parts.append("lengths=True")
         if self.last_states:
             parts.append("last_states=True")
+        if self.window is not None:
+            parts.append(f"window={list(self.window)}")
         for name in ("initial_h", "initial_c"):
             if any(where is not None for where in getattr(self, name)):
                 parts.append(f"{name}={list(getattr(self, name))}")
@@ -298,10 +310,7 @@ class LoopedRecurrent(Module):
 
     def forward(self, x: Tensor, *args: Tensor):
         if self.window is not None:
-            start, stop = self.window
-            needed = stop if start >= 0 else -start
-            torch._check(x.shape[0] >= needed, lambda: f"the unrolled cell reads {needed} steps: x has fewer")
-            x = x[start:stop]
+            x = _window(x, self.window)
         args = list(args)
         if self.x_backwards:
             x = x.flip(0)
@@ -360,6 +369,30 @@ class LoopedStack(Module):
             x, h, c, _ = layer(x, *given, *shared)
             states += [h, c]
         return (x, *states)
+
+
+def _window(x: Tensor, window: tuple[int, int | None]) -> Tensor:
+    """Steps start:stop of x, which x must have: an unrolled layer reads the steps its exporter unrolled, and the
+    unrolled graph fails on fewer."""
+    start, stop = window
+    needed = max(-start, stop or 0)
+    torch._check(x.shape[0] >= needed, lambda: f"the unrolled cell reads {needed} steps: x has fewer")
+    return x[start:stop]
+
+
+def _over_windows(run, layer: nn.Module, x: Tensor, windows: tuple, *args) -> tuple:
+    """A layer whose direction d reads the steps ``windows[d]`` of x: one call where every direction reads the same
+    steps (windows written alike, or, in eager calls, alike at x's length: dynamo's first and last T steps at the
+    length it unrolled), else one call per direction, each giving that direction's outputs (Y [T, D, N, H], Y_h and
+    Y_c [D, N, H]). While compiling, x's length may be symbolic: comparing it would specialise the program."""
+    parts = [_window(x, w) for w in windows]
+    length = x.shape[0]
+    if len(set(windows)) == 1 or (not torch.compiler.is_compiling() and len(
+            {slice(*w).indices(length) for w in windows}) == 1):
+        return run(layer, parts[0], *args)
+    runs = [run(layer, part, *args) for part in parts]
+    return tuple(None if first is None else torch.cat([r[k].narrow(axis, d, 1) for d, r in enumerate(runs)], axis)
+                 for k, (first, axis) in enumerate(zip(runs[0], (1, 0, 0), strict=True)))
 
 
 def _rows(states: tuple[Tensor, ...], where: tuple[int, int | None, int | None] | None) -> Tensor | None:

@@ -2,8 +2,8 @@
 
 The models and their manifest come from tests/models/torch/make_models.py. The exporter writes one LSTM/GRU node per
 layer (fast path here) but unrolls nn.RNN into MatMul/Add/Tanh over the export's sequence length (recognition makes
-each layer and direction one recurrent module again: tests/test_unrolled_cells.py); PackedSequence does not export
-(the manifest records the error).
+each layer one recurrent module again, the layers one stack: tests/test_unrolled_cells.py); PackedSequence does not
+export (the manifest records the error).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.helpers import recurrent_modules
 FOLDER = MODELS / "torch"
 MANIFEST = read_manifest(FOLDER)
 ENTRIES = [m for m in MANIFEST["models"] if m["exporter"] == "dynamo"]
-UNROLLED_LAYERS = {"rnn_tanh": 1, "rnn_relu_l2_bi_bf": 4, "rnn_l3_h0_nobias": 3}  # layers times directions
+UNROLLED_LAYERS = {"rnn_tanh": 1, "rnn_relu_l2_bi_bf": 2, "rnn_l3_h0_nobias": 3}
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[m["file"].removesuffix(".onnx") for m in ENTRIES])
@@ -32,7 +32,7 @@ def test_converts_matches_onnxruntime_and_trains(entry):
     module = check_exported(FOLDER / entry["file"], manifest_input_sets(FOLDER, entry, MANIFEST["sizes"]))
     assert_weights_are_parameters(module)
     model = onnx.load(FOLDER / entry["file"])
-    if entry["case"].startswith("rnn_"):  # unrolled: no RNN node, one recognised module per layer and direction
+    if entry["case"].startswith("rnn_"):  # unrolled: no RNN node, one recognised module per layer (one stack)
         assert entry["recurrent_nodes"] == 0 and len(recurrent_modules(module)) == UNROLLED_LAYERS[entry["case"]]
         ops = {node.op_type for node in model.graph.node}
         assert "MatMul" in ops and ops & {"Tanh", "Relu"}
