@@ -372,12 +372,16 @@ class LoopedStack(Module):
 
 
 def _window(x: Tensor, window: tuple[int, int | None]) -> Tensor:
-    """Steps start:stop of x, which x must have: an unrolled layer reads the steps its exporter unrolled, and the
+    """Steps start:stop of x, which x must have."""
+    _check_steps(x, (window,))
+    return x[window[0]:window[1]]
+
+
+def _check_steps(x: Tensor, windows: Sequence[tuple[int, int | None]]) -> None:
+    """x must have the steps every window reads: an unrolled layer reads the steps its exporter unrolled, and the
     unrolled graph fails on fewer."""
-    start, stop = window
-    needed = max(-start, stop or 0)
+    needed = max(max(-start, stop or 0) for start, stop in windows)
     torch._check(x.shape[0] >= needed, lambda: f"the unrolled cell reads {needed} steps: x has fewer")
-    return x[start:stop]
 
 
 def _over_windows(run, layer: nn.Module, x: Tensor, windows: tuple, *args) -> tuple:
@@ -385,12 +389,12 @@ def _over_windows(run, layer: nn.Module, x: Tensor, windows: tuple, *args) -> tu
     steps (windows written alike, or, in eager calls, alike at x's length: dynamo's first and last T steps at the
     length it unrolled), else one call per direction, each giving that direction's outputs (Y [T, D, N, H], Y_h and
     Y_c [D, N, H]). While compiling, x's length may be symbolic: comparing it would specialise the program."""
-    parts = [_window(x, w) for w in windows]
+    _check_steps(x, windows)
     length = x.shape[0]
     if len(set(windows)) == 1 or (not torch.compiler.is_compiling() and len(
             {slice(*w).indices(length) for w in windows}) == 1):
-        return run(layer, parts[0], *args)
-    runs = [run(layer, part, *args) for part in parts]
+        return run(layer, x[windows[0][0]:windows[0][1]], *args)
+    runs = [run(layer, x[start:stop], *args) for start, stop in windows]
     return tuple(None if first is None else torch.cat([r[k].narrow(axis, d, 1) for d, r in enumerate(runs)], axis)
                  for k, (first, axis) in enumerate(zip(runs[0], (1, 0, 0), strict=True)))
 
