@@ -857,10 +857,11 @@ def unrolled_cells(view: GraphView):
     for layers in _stacks(view, _layers(view, chains)):
         stack = _stack(view, layers)
         if stack is not None:
+            # the first chain's nodes first: the fused node is named after its first node, as a chain's is
             nodes = [*(n for layer in layers for n in _region(layer).values()), *stack.nodes]
             op_type = f"{len(layers)}-layer {stack.op_type}" if len(layers) > 1 else stack.op_type
-            yield Fusion("unrolled_cells", f"{op_type} unrolled", sorted(nodes, key=lambda n: view.position[id(n)]),
-                         [stack.x, *stack.sources], stack.outputs, lambda ctx, stack=stack: convert(ctx, stack))
+            yield Fusion("unrolled_cells", f"{op_type} unrolled", nodes, [stack.x, *stack.sources], stack.outputs,
+                         lambda ctx, stack=stack: convert(ctx, stack))
             continue
         for chain in (chain for layer in layers for chain in layer):  # each chain as it is
             match = chain.match
