@@ -217,6 +217,7 @@ class Unrolled:
         self.count = 0
         self.other_weights_at: int | None = None  # the step that has weights of its own (a near-miss)
         self.sequence_output = False  # Y as ConcatFromSequence of a SequenceConstruct
+        self.y_order: list[int] | None = None  # the steps (by x's position) that Y concatenates; None: x's order
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, **attributes) -> str | list[str]:
         self.count += 1
@@ -287,11 +288,12 @@ class Unrolled:
         return self.op("Add", self.op("Mul", one_minus_z, candidate), self.op("Mul", z, h))
 
     def layer(self, reverse: bool = False, suffix: str = "", xs: list[str] | None = None,
-              after_step=None, width: int = FEATURES) -> tuple[str, list[str]]:
+              after_step=None, width: int = FEATURES, states: list[str] | None = None) -> tuple[str, list[str]]:
         """One direction: its Y [T, N, H] (Concat of each step's h Unsqueezed) and final states. ``after_step(t,
-        states)`` may change the states a step passes on (near-misses); ``width``: the features of its x."""
+        states)`` may change the states a step passes on (near-misses); ``width``: the features of its x; ``states``:
+        the initial ones."""
         xs = xs or self.x_steps()
-        states = self.initial(suffix)
+        states = states or self.initial(suffix)
         ys: dict[int, str] = {}
         for t in (range(self.steps - 1, -1, -1) if reverse else range(self.steps)):
             states = self.step(xs[t], states, suffix + ("_other" if t == self.other_weights_at else ""), width)
@@ -302,7 +304,8 @@ class Unrolled:
                         axis=0, new_axis=1)
             return y, states
         axis0 = self.constant(np.array([0]))
-        y = self.op("Concat", *[self.op("Unsqueeze", ys[t], axis0) for t in range(self.steps)], axis=0)
+        order = self.y_order or range(self.steps)
+        y = self.op("Concat", *[self.op("Unsqueeze", ys[t], axis0) for t in order], axis=0)
         return y, states
 
     def stack(self, layers: int = 2) -> list[str]:
@@ -422,6 +425,27 @@ def test_single_step_with_the_state_passed_in_and_out(cell):
     assert fused.initial_h and fused.initial_c == (cell == "LSTM")
 
 
+@pytest.mark.parametrize("given", [False, True])
+def test_one_value_as_both_initial_states(given):
+    """Keras passes one zeros tensor as an LSTM's initial h and c: each read of it in the first step is one of
+    them."""
+    builder = Unrolled("LSTM", given_states=given)
+    h0 = builder.initial()[0]
+    y, states = builder.layer(states=[h0, h0])
+    (fused,) = looped(check(builder.model([y, *states]), 1))
+    assert (fused.initial_h, fused.initial_c) == (given, given)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_y_in_the_order_opposite_to_x(reverse):
+    """Keras's go_backwards writes Y in processing order: a reverse chain's first h first (y_backwards)."""
+    builder = Unrolled("LSTM", slice_with="slice")
+    builder.y_order = list(range(builder.steps - 1, -1, -1))
+    y, states = builder.layer(reverse=reverse)
+    (fused,) = looped(check(builder.model([y, *states]), 1))
+    assert fused.y_backwards and fused.layer.config.direction == ("reverse" if reverse else "forward")
+
+
 def test_check_and_verbose_report_the_fusion(capsys, tmp_path):
     from onnx2torch_rnn.cli import main
 
@@ -472,12 +496,38 @@ def _rounding_cast(builder: Unrolled):
     return builder.layer(after_step=rounded)
 
 
+def _y_out_of_order(builder: Unrolled):
+    """Y has steps 0 and 1 swapped: neither x's order nor the opposite."""
+    builder.y_order = [1, 0, *range(2, builder.steps)]
+    return builder.layer()
+
+
 @pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
-@pytest.mark.parametrize("near_miss", [_extra_op, _other_weights, _shared_weight, _middle_state_read, _rounding_cast])
+@pytest.mark.parametrize("near_miss", [_extra_op, _other_weights, _shared_weight, _middle_state_read, _rounding_cast,
+                                       _y_out_of_order])
 def test_near_misses_stay_as_written(cell, near_miss):
     builder = Unrolled(cell, linear_before_reset=1)
     y, outputs = near_miss(builder)
     check(builder.model([y, *outputs]), 0)
+
+
+def test_one_initial_value_read_once_more_stays_as_written():
+    """One value as both initial states, which the first step also adds to its h: not a cell step."""
+    builder = Unrolled("LSTM")
+    h0 = builder.initial()[0]
+    y, states = builder.layer(states=[h0, h0], after_step=lambda t, s: [builder.op("Add", s[0], h0), *s[1:]]
+                              if t == 0 else s)
+    check(builder.model([y, *states]), 0)
+
+
+def test_directions_sharing_float_weights_stay_as_written():
+    """Both directions read one W, R and B: fused copies would untie them (integers, such as split sizes, may be
+    shared: the Keras Bidirectional models)."""
+    builder = Unrolled("RNN", slice_with="gather")
+    xs = builder.x_steps()
+    forward, _ = builder.layer(xs=xs)
+    backward, _ = builder.layer(reverse=True, xs=xs)
+    check(builder.model([builder.op("Concat", forward, backward, axis=-1)]), 0)
 
 
 def test_codegen_writes_the_window(tmp_path):

@@ -16,25 +16,29 @@ same cell equations with the same weights (``_lstm`` / ``_gru`` / ``_rnn`` / ``_
 tracks ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays aligned), understands Gemm and Squeeze /
 Unsqueeze of axis 0, and a Cast only to the type it has. What else is proven: the values a fusion drops are read
 only inside it, except the reassembled outputs (the node's Y: a Concat over axis 0 of every step's h [1, N, H] in
-x's order, or a ConcatFromSequence of their SequenceConstruct) and the final h and c as [N, H]; an initial state is
-a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N proven to be x's batch; the weights (the projection
-of x's too) are read by nothing else. Where the steps read only some of S's steps (dynamo specialises to the
-export's length), the fused layer reads that window of x (``LoopedRecurrent(window=...)``) and fails, as the graph
-does, where x is shorter. Each chain (a layer and a direction) becomes one ``LoopedRecurrent``, unless dynamo's glue
-joins the chains into layers and the layers into a stack (``_layers``, ``_stacks``, ``_stack``): then the whole stack
-is one StackedRecurrent (passes/stacked.py's layer description and module). Proven for that: a forward and a reverse
-chain of the same x and cell whose Ys only one Concat over the features reads, in that order; a layer's Y read only
-by the next layer's chains, which read all of it; initial states zeros of [N, H] (N the first layer's batch) or, in
-every direction of a layer, consecutive rows of one value (a Squeeze of a one-row Slice along axis 0); every chain's
-final state read only by an Unsqueeze of axis 0, those (for several) by one Concat over axis 0 in the chains' order;
-the slicing that two directions share read by them alone. Not recognised: a step input without a time axis ([N, I]
-per call), a time axis other than 0, a Y written otherwise.
+x's order or in the opposite one, as Keras's go_backwards writes it (``y_backwards``), or a ConcatFromSequence of
+their SequenceConstruct) and the final h and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or
+zeros of exactly [N, H], N proven to be x's batch, and one value may be both an LSTM's h and c (Keras's zeros: each
+read of it in the first step is one or the other, ``_bindings``); the float weights (the projection of x's too) are
+read by nothing else (integers such as split sizes may be shared: the two directions of a Keras Bidirectional).
+Where the steps read only some of S's steps (dynamo specialises to the export's length), the fused layer reads that
+window of x (``LoopedRecurrent(window=...)``) and fails, as the graph does, where x is shorter. Each chain (a layer
+and a direction) becomes one ``LoopedRecurrent``, unless dynamo's glue joins the chains into layers and the layers
+into a stack (``_layers``, ``_stacks``, ``_stack``): then the whole stack is one StackedRecurrent (passes/stacked.py's
+layer description and module). Proven for that: a forward and a reverse chain of the same x and cell whose Ys only
+one Concat over the features reads, in that order; a layer's Y read only by the next layer's chains, which read all
+of it; initial states zeros of [N, H] (N the first layer's batch) or, in every direction of a layer, consecutive rows
+of one value (a Squeeze of a one-row Slice along axis 0); every chain's final state read only by an Unsqueeze of
+axis 0, those (for several) by one Concat over axis 0 in the chains' order; the slicing that two directions share
+read by them alone. tf2onnx's Keras layers with unroll=True transpose the batch-major x to time-major before
+splitting it and Y back after the Concat: those Transposes stay, around the fused node. Not recognised: a step input
+without a time axis ([N, I] per call), a time axis other than 0, a Y written otherwise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import permutations
+from itertools import permutations, product
 
 import numpy as np
 import onnx
@@ -96,32 +100,35 @@ class _StepEvaluator(_Evaluator):
     def __init__(self, view: GraphView):
         super().__init__(view, onnx.GraphProto(), {})
         self.ranks: dict[str, int] = {}
+        self.uses: dict[tuple[int, int], tuple[Form, int]] = {}  # (id(node), input index) -> what that read sees
 
     def set(self, name: str, value: Form, rank: int) -> None:
         self.env[name], self.ranks[name] = value, rank
 
     def run(self, nodes: list[onnx.NodeProto]) -> None:
         for node in nodes:
-            args = [self.value(v) if v else None for v in node.input]
+            uses = [self.uses.get((id(node), k)) for k in range(len(node.input))]
+            args = [u[0] if u else self.value(v) if v else None for u, v in zip(uses, node.input, strict=True)]
+            ranks = [u[1] if u else self.ranks.get(v) for u, v in zip(uses, node.input, strict=True)]
             outputs = self.node(node, args) or []
-            rank = self._rank(node, args)
+            rank = self._rank(node, args, ranks)
             for name, value in zip(node.output, [*outputs, *[None] * len(node.output)], strict=False):
                 if isinstance(value, Form) and rank is not None:
                     self.set(name, value, rank)
                 else:
                     self.env[name] = None if isinstance(value, Form) else value
 
-    def _rank(self, node: onnx.NodeProto, args: list) -> int | None:
-        ranks = [self.ranks.get(n) if isinstance(a, Form) else np.ndim(a) if isinstance(a, np.ndarray) else None
-                 for n, a in zip(node.input, args, strict=True) if a is not None]
-        forms = [self.ranks.get(n) for n, a in zip(node.input, args, strict=True) if isinstance(a, Form)]
+    def _rank(self, node: onnx.NodeProto, args: list, ranks: list) -> int | None:
+        known = [r if isinstance(a, Form) else np.ndim(a) if isinstance(a, np.ndarray) else None
+                 for r, a in zip(ranks, args, strict=True) if a is not None]
+        forms = [r for r, a in zip(ranks, args, strict=True) if isinstance(a, Form)]
         if not forms or None in forms:
             return None
         if node.op_type in ("Squeeze", "Unsqueeze"):
             return forms[0] + (1 if node.op_type == "Unsqueeze" else -1)
         if node.op_type in ("Split", "Slice", "Concat", "Gemm") and set(forms) != {2}:
             return None
-        return None if None in ranks else max(ranks)
+        return None if None in known else max(known)
 
     def _Gather(self, node, data, index):
         return None  # a step is a leaf here, not a gather of the loop's counter
@@ -436,8 +443,7 @@ def _chain(view: GraphView, x_form: Form, leaves: list[tuple[str, int]], steps: 
     initial = _initial_states(view, steps[0], leaves[0][0])
     if not 1 <= len(initial) <= 2 or any(_state_rank(view, v) is None for v in initial):
         return None
-    for order in permutations(initial):
-        inputs = {name: (key, _state_rank(view, name)) for key, name in enumerate(order)}
+    for inputs, order in _bindings(view, initial, steps[0]):
         found, template = [], None
         for j, nodes in enumerate(steps):
             step = _evaluate(view, x_form, leaves[j], nodes, inputs, steps[j + 1] if j + 1 < len(steps) else None)
@@ -453,8 +459,22 @@ def _chain(view: GraphView, x_form: Form, leaves: list[tuple[str, int]], steps: 
             if len(inputs) != len(step.outgoing):
                 break
         else:
-            return found, template, list(order)
+            return found, template, order
     return None
+
+
+def _bindings(view: GraphView, initial: list[str], nodes: list[onnx.NodeProto]):
+    """(what the first step reads as each state: value or (id(node), input index) -> (key, rank), the initial value
+    of each key) for each way to read the initial values as the states. One value may be both h and c (Keras
+    passes one zeros tensor as both): then each of its reads is h's or c's."""
+    ranks = [_state_rank(view, v) for v in initial]
+    for order in permutations(range(len(initial))):
+        yield {initial[k]: (key, ranks[k]) for key, k in enumerate(order)}, [initial[k] for k in order]
+    uses = [(id(n), k) for n in nodes for k, v in enumerate(n.input) if v == initial[0]]
+    if len(initial) == 1 and 2 <= len(uses) <= 4:  # a few reads: 2 ** reads - 2 ways
+        for keys in product((0, 1), repeat=len(uses)):
+            if len(set(keys)) == 2:
+                yield {use: (key, ranks[0]) for use, key in zip(uses, keys, strict=True)}, initial * 2
 
 
 def _evaluate(view, x_form, leaf, nodes, inputs, following) -> _Step | None:
@@ -463,7 +483,10 @@ def _evaluate(view, x_form, leaf, nodes, inputs, following) -> _Step | None:
     evaluator = _StepEvaluator(view)
     states = {key: Atom("state", (key,)) for key, _ in inputs.values()}
     for name, (key, rank) in inputs.items():
-        evaluator.set(name, _leaf(states[key]), rank)
+        if isinstance(name, tuple):
+            evaluator.uses[name] = (_leaf(states[key]), rank)
+        else:
+            evaluator.set(name, _leaf(states[key]), rank)
     evaluator.set(leaf[0], _rebase(x_form, evaluator.x_atom), leaf[1])
     evaluator.run(nodes)
     step = _Step(evaluator, states, [])
@@ -552,9 +575,10 @@ def _closure(nodes: list[onnx.NodeProto], targets: list[str]) -> list[onnx.NodeP
 
 
 def _reassembly(view: GraphView, steps: list[_Step], nodes: list[list[onnx.NodeProto]], reverse: bool):
-    """The node that writes every step's h over time in x's order (the layer's Y [T, N, H]: a Concat over axis 0 of
-    [1, N, H] values, or a ConcatFromSequence over axis 0 of their SequenceConstruct, stacking [N, H] values with
-    new_axis) and the nodes that spell each step's h so, or None."""
+    """The node that writes every step's h over time (the layer's Y [T, N, H]: a Concat over axis 0 of [1, N, H]
+    values, or a ConcatFromSequence over axis 0 of their SequenceConstruct, stacking [N, H] values with new_axis),
+    the nodes that spell each step's h so, and whether Y is in the order opposite to x's (Keras's go_backwards
+    writes a reverse chain's h in processing order), or None."""
     last = steps[-1].evaluator
     spellings = [v for v in last.ranks if _same(last.env[v], steps[-1].new[0])]
     for reader in {id(r): r for v in spellings for r in view.consumers.get(v, [])}.values():
@@ -565,16 +589,21 @@ def _reassembly(view: GraphView, steps: list[_Step], nodes: list[list[onnx.NodeP
             y, rank, extra = joined, 2 if attribute(joined, "new_axis", 0) else 3, [reader]
         else:
             continue
-        order = range(len(steps) - 1, -1, -1) if reverse else range(len(steps))
-        for value, j in zip(reader.input, order, strict=False):
-            evaluator = steps[j].evaluator
-            if not (isinstance(evaluator.env.get(value), Form) and _same(evaluator.env[value], steps[j].new[0])
-                    and evaluator.ranks[value] == rank):
-                break
-            extra += _closure(nodes[j], [value])
-        else:
-            if len(reader.input) == len(steps):
-                return y, extra
+        if len(reader.input) != len(steps):
+            continue
+        for backwards in (False, True):
+            order = range(len(steps) - 1, -1, -1) if reverse != backwards else range(len(steps))
+            spelled = [_spelled(steps[j], nodes[j], value, rank) for value, j in zip(reader.input, order, strict=True)]
+            if None not in spelled:
+                return y, extra + [n for s in spelled for n in s], backwards
+    return None
+
+
+def _spelled(step: _Step, nodes: list[onnx.NodeProto], value: str, rank: int) -> list[onnx.NodeProto] | None:
+    """The step's nodes that compute ``value`` when it is the step's new h of ``rank``."""
+    env, ranks = step.evaluator.env, step.evaluator.ranks
+    if isinstance(env.get(value), Form) and _same(env[value], step.new[0]) and ranks[value] == rank:
+        return _closure(nodes, [value])
     return None
 
 
@@ -670,11 +699,13 @@ def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, win
     if outputs is None or not any(outputs):
         return None
     read = [n for node in region.values() for n in read_names(node) if view.folded(n) is not None]
-    if not all(_private(view, n, region) for n in read if view.folded(n).size > 1):
+    # the weights the fused node copies (not the integers it reads: split sizes that both directions share)
+    if not all(_private(view, n, region) for n in read if view.folded(n).size > 1 and view.folded(n).dtype.kind == "f"):
         return None
     first = min(region.values(), key=lambda n: view.position[id(n)])
     match = _Match(first, cell, weights, dtype, x, outputs=[*outputs, None],
-                   direction="reverse" if reverse else "forward", window=window)
+                   direction="reverse" if reverse else "forward", window=window,
+                   y_backwards=reassembly is not None and reassembly[2])
     batch = _dim(view, x, 1)
     for role, name in zip(("h", "c"), initial, strict=False):
         if _zero_state(view, name) not in ([batch, weights[3]], [1, batch, weights[3]]):
