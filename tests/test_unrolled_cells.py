@@ -437,12 +437,18 @@ def test_one_value_as_both_initial_states(given):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_y_in_the_order_opposite_to_x(reverse):
-    """Keras's go_backwards writes Y in processing order: a reverse chain's first h first (y_backwards)."""
+@pytest.mark.parametrize("final_unsqueezed", [False, True])
+def test_y_in_the_order_opposite_to_x(reverse, final_unsqueezed):
+    """Keras's go_backwards writes Y in processing order: a reverse chain's first h first (y_backwards). It stays a
+    LoopedRecurrent where dynamo's glue (h_n Unsqueezed) would make a chain a StackedRecurrent, whose Y is in x's
+    order."""
     builder = Unrolled("LSTM", slice_with="slice")
     builder.y_order = list(range(builder.steps - 1, -1, -1))
     y, states = builder.layer(reverse=reverse)
-    (fused,) = looped(check(builder.model([y, *states]), 1))
+    if final_unsqueezed:
+        states = [builder.op("Unsqueeze", states[0], builder.constant(np.array([0])))]
+    module = check(builder.model([y, *states]), 1)
+    (fused,) = looped(module)
     assert fused.y_backwards and fused.layer.config.direction == ("reverse" if reverse else "forward")
 
 

@@ -789,6 +789,8 @@ def _stack(view: GraphView, layers: list[list[_Chain]]) -> _Stack | None:
     states Unsqueezed and concatenated (layer by layer, forward first), Transposes to and from batch-major; None
     where some part is not that (or there is no glue: one chain stays as it is)."""
     matches = [c.match for layer in layers for c in layer]
+    if any(m.y_backwards for m in matches):
+        return None  # a Y in processing order (Keras's go_backwards): the stack writes it in x's order
     first = matches[0]
     stack = _Stack(first.cell.op_type, [], [d for layer in layers if (d := _directions(view, layer))], first.x,
                    merge_output=True, final_states="all")
