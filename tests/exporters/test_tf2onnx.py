@@ -6,7 +6,9 @@ rest into a Loop over the step function: Keras 3 GRU and SimpleRNN, tf_keras GRU
 cells, masking (Embedding(mask_zero=True), Masking) and own cells (recognition makes each Loop of a Keras cell one
 recurrent module again: passes/loops.py); TF1 dynamic_rnn graphs (peepholes, cell_clip,
 projections, sequence_length, MultiRNNCell) become a Scan (one of RNN / GRU / LSTM cell steps becomes one recurrent
-module per cell again: passes/scans.py). Every model must match onnxruntime (the export's sizes,
+module per cell again: passes/scans.py). Keras layers with unroll=True (a fixed number of steps) are written out step
+by step in the main graph (each layer and direction one recurrent module again: passes/unrolled.py). Every model must
+match onnxruntime (the export's sizes,
 other batch/time sizes, and one row of one step, where a masked Keras 3 layer's Loop runs zero times) and train:
 gradients reach every weight matrix, also through the Loop and Scan bodies, and folded weights are parameters.
 """
@@ -31,6 +33,8 @@ MANIFEST = read_manifest(FOLDER)
 ENTRIES = {entry["file"]: entry for entry in MANIFEST["models"]}
 SCANS_KEPT = ("lstm_cell_clip", "lstm_projection")  # TF1 cells no ONNX op computes exactly
 CELLS_PER_SCAN = {"multi_cell": 2}  # a MultiRNNCell's Scan becomes one recurrent module per cell
+# unroll=True: T cell steps in the main graph become one recurrent module per layer and direction (passes/unrolled.py)
+UNROLLED = {"unrolled_bi_gru_concat": 2, "unrolled_stacked": 2}
 ONE_STEP = {"batch": {"export": 2, "second": 1}, "time": {"export": 5, "second": 1}}
 
 
@@ -53,6 +57,7 @@ def test_tf2onnx_model(file):
     loops = ops.count("Loop") if entry["case"] == "custom_cell" else 0
     scans = ops.count("Scan") if entry["case"] in SCANS_KEPT else 0
     fused = ops.count("Loop") - loops + (ops.count("Scan") - scans) * CELLS_PER_SCAN.get(entry["case"], 1)
+    fused += UNROLLED.get(entry["case"], 1) if entry["case"].startswith("unrolled_") else 0
     assert len(recurrent_modules(module)) == sum(op in ("LSTM", "GRU", "RNN") for op in ops) + fused
     assert sum(isinstance(m, Loop) for m in module.modules()) == loops
     assert sum(isinstance(m, Scan) for m in module.modules()) == scans
@@ -66,7 +71,9 @@ def test_manifest_covers_the_issue():
     for flavour in ("tf2onnx (keras3)", "tf2onnx (tf_keras)"):
         for case in ("lstm_seq", "lstm_state", "gru_reset_after", "gru_reset_before", "simple_rnn",
                      "lstm_go_backwards", "bi_lstm_concat", "stacked", "lstm_hard_sigmoid", "embedding_mask_lstm",
-                     "masking_gru", "custom_cell"):
+                     "masking_gru", "custom_cell", "unrolled_lstm_seq", "unrolled_lstm_state",
+                     "unrolled_gru_reset_after", "unrolled_gru_reset_before", "unrolled_simple_rnn",
+                     "unrolled_lstm_go_backwards", "unrolled_bi_gru_concat", "unrolled_stacked"):
             assert (flavour, case) in cases
     for case in ("lstm_peepholes", "lstm_cell_clip", "gru_cell", "lstm_sequence_length"):
         assert ("tf2onnx (tf_v1)", case) in cases

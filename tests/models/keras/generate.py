@@ -4,7 +4,10 @@ Needs TensorFlow, which the tests never import: run it from a separate environme
 
     python3 -m venv /tmp/tfenv
     /tmp/tfenv/bin/pip install tensorflow-cpu==2.19.1 tf-keras==2.19.0 tf2onnx==1.17.0
-    /tmp/tfenv/bin/python tests/models/keras/generate.py
+    /tmp/tfenv/bin/python tests/models/keras/generate.py [case ...]
+
+Named cases (e.g. ``unrolled_lstm_seq``) regenerate only those models of every flavour and keep the manifest's other
+entries: tf2onnx names nodes after TensorFlow's function counters, so a model regenerated is not byte-identical.
 
 Each flavour runs in its own process (tf_keras and the v1 cells need TF_USE_LEGACY_KERAS=1 before TensorFlow is
 imported). Keras 3 models go through ``tf2onnx.convert.from_function`` on the model's call (tf2onnx's ``from_keras``
@@ -30,8 +33,9 @@ FEATURES, VOCAB = 5, 12
 
 # Inputs: (name, kind, size). "features": [batch, time, FEATURES] float; "masked_features": the same with some
 # all-zero steps (keras.layers.Masking); "tokens": [batch, time] int32 in [0, VOCAB), 0 = padding; "state":
-# [batch, size] float.
+# [batch, size] float; "steps": [batch, size, FEATURES] float, a fixed number of steps (unroll=True needs one).
 X, TOKENS = [("x", "features", 0)], [("x", "tokens", 0)]
+X6, X7 = [("x", "steps", 6)], [("x", "steps", 7)]
 
 
 def _stacked(L, x):
@@ -84,6 +88,27 @@ SPECS = {
                    L.Embedding(VOCAB, 4, mask_zero=True)(x[0])))),
     "custom_cell": (17, X, "RNN(MinimalRNNCell(6), return_sequences=True), an own cell",
                     lambda L, x, k: L.RNN(minimal_cell(k)(6), return_sequences=True)(x[0])),
+    # unroll=True: the exporter sees T copies of the cell step (passes/unrolled.py)
+    "unrolled_lstm_seq": (17, X6, "LSTM(5, return_sequences=True, unroll=True)",
+                          lambda L, x, k: L.LSTM(5, return_sequences=True, unroll=True)(x[0])),
+    "unrolled_lstm_state": (15, X6, "LSTM(4, return_sequences=True, return_state=True, unroll=True)",
+                            lambda L, x, k: L.LSTM(4, return_sequences=True, return_state=True, unroll=True)(x[0])),
+    "unrolled_gru_reset_after": (17, X7, "GRU(5, return_sequences=True, unroll=True), reset_after=True",
+                                 lambda L, x, k: L.GRU(5, return_sequences=True, unroll=True)(x[0])),
+    "unrolled_gru_reset_before": (13, X6, "GRU(5, reset_after=False, return_sequences=True, unroll=True)",
+                                  lambda L, x, k: L.GRU(5, reset_after=False, return_sequences=True,
+                                                        unroll=True)(x[0])),
+    "unrolled_simple_rnn": (15, X6, "SimpleRNN(5, return_sequences=True, unroll=True)",
+                            lambda L, x, k: L.SimpleRNN(5, return_sequences=True, unroll=True)(x[0])),
+    "unrolled_simple_rnn_relu_last": (17, X7, "SimpleRNN(4, activation='relu', unroll=True)",
+                                      lambda L, x, k: L.SimpleRNN(4, activation="relu", unroll=True)(x[0])),
+    "unrolled_lstm_go_backwards": (17, X6, "LSTM(5, go_backwards=True, return_sequences=True, unroll=True)",
+                                   lambda L, x, k: L.LSTM(5, go_backwards=True, return_sequences=True,
+                                                          unroll=True)(x[0])),
+    "unrolled_bi_gru_concat": (17, X6, "Bidirectional(GRU(4, return_sequences=True, unroll=True))",
+                               lambda L, x, k: L.Bidirectional(L.GRU(4, return_sequences=True, unroll=True))(x[0])),
+    "unrolled_stacked": (17, X6, "LSTM(6, return_sequences=True, unroll=True) -> GRU(4, unroll=True)",
+                         lambda L, x, k: L.GRU(4, unroll=True)(L.LSTM(6, return_sequences=True, unroll=True)(x[0]))),
 }
 
 
@@ -130,19 +155,22 @@ V1_SPECS = {
 }
 
 
-def keras_models(flavour: str, tf, tf2onnx, np):
-    """(name, opset, inputs, description, converter, ModelProto) for each Keras spec."""
+def keras_models(flavour: str, tf, tf2onnx, np, cases):
+    """(name, opset, inputs, description, converter, ModelProto) for each Keras spec among ``cases`` (None: all)."""
     if flavour == "tf_keras":
         import tf_keras as keras
     else:
         import keras
     for name, (opset, input_specs, description, build) in SPECS.items():
+        if cases is not None and name not in cases:
+            continue
         keras.utils.set_random_seed(0)
         rng = np.random.default_rng(zlib.crc32(f"{flavour}/{name}".encode()))
         keras_inputs, signature = [], []
         for input_name, kind, units in input_specs:
             shape, dtype = {"features": ((None, FEATURES), "float32"), "masked_features": ((None, FEATURES), "float32"),
-                            "tokens": ((None,), "int32"), "state": ((units,), "float32")}[kind]
+                            "tokens": ((None,), "int32"), "state": ((units,), "float32"),
+                            "steps": ((units, FEATURES), "float32")}[kind]
             keras_inputs.append(keras.Input(shape, dtype=dtype, name=input_name))
             signature.append(tf.TensorSpec((None, *shape), dtype, name=input_name))
         model = keras.Model(keras_inputs, build(keras.layers, keras_inputs, keras))
@@ -161,11 +189,13 @@ def keras_models(flavour: str, tf, tf2onnx, np):
         yield name, opset, input_specs, description, converter, proto
 
 
-def tf_v1_models(tf, tf2onnx, np):
+def tf_v1_models(tf, tf2onnx, np, cases):
     """The V1_SPECS in TF1 graph mode (tf.compat.v1.disable_v2_behavior), frozen, through from_graph_def."""
     v1 = tf.compat.v1
     v1.disable_v2_behavior()
     for name, (opset, input_specs, description, make_cell, options) in V1_SPECS.items():
+        if cases is not None and name not in cases:
+            continue
         rng = np.random.default_rng(zlib.crc32(f"tf_v1/{name}".encode()))
         graph = tf.Graph()
         with graph.as_default():
@@ -193,7 +223,7 @@ def tf_v1_models(tf, tf2onnx, np):
         yield name, opset, input_specs, description, "tf2onnx.convert.from_graph_def (frozen TF1 graph)", proto
 
 
-def generate(flavour: str, manifest_part: Path) -> None:
+def generate(flavour: str, manifest_part: Path, cases: list[str] | None) -> None:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if flavour != "keras3":
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported
@@ -202,11 +232,13 @@ def generate(flavour: str, manifest_part: Path) -> None:
     import tensorflow as tf
     import tf2onnx
 
-    models = tf_v1_models(tf, tf2onnx, np) if flavour == "tf_v1" else keras_models(flavour, tf, tf2onnx, np)
+    models = (tf_v1_models(tf, tf2onnx, np, cases) if flavour == "tf_v1" else
+              keras_models(flavour, tf, tf2onnx, np, cases))
     dims = {"features": ["batch", "time", FEATURES], "masked_features": ["batch", "time", FEATURES],
-            "tokens": ["batch", "time"], "state": ["batch"], "lengths": ["batch"]}
+            "tokens": ["batch", "time"], "state": ["batch"], "lengths": ["batch"], "steps": ["batch"]}
     kinds = {"features": "float", "masked_features": "float_masked", "tokens": f"tokens:{VOCAB}", "state": "float",
-             "lengths": "lengths"}
+             "lengths": "lengths", "steps": "float"}
+    sizes = {"state": lambda u: [u], "steps": lambda u: [u, FEATURES]}
     entries = []
     for name, opset, input_specs, description, converter, proto in models:
         path = HERE / f"{flavour}_{name}.onnx"
@@ -216,8 +248,9 @@ def generate(flavour: str, manifest_part: Path) -> None:
             "file": path.name, "case": name, "exporter": f"tf2onnx ({flavour})", "pattern": description,
             "opset": opset, "emitted": ops, "bytes": path.stat().st_size,
             "inputs": {n + (":0" if flavour == "tf_v1" else ""): {
-                "kind": kinds[k], "dims": dims[k] + ([u] if k == "state" else [])} for n, k, u in input_specs},
-            "settings": {"converter": converter, "opset": opset, "input_signature": "batch and time dynamic (None)"},
+                "kind": kinds[k], "dims": dims[k] + sizes.get(k, lambda u: [])(u)} for n, k, u in input_specs},
+            "settings": {"converter": converter, "opset": opset, "input_signature": "batch dynamic (None), time fixed"
+                         if any(k == "steps" for _, k, _ in input_specs) else "batch and time dynamic (None)"},
         })
         print(path.name, ops, path.stat().st_size, flush=True)
     versions = {"tensorflow": tf.__version__, "tf2onnx": tf2onnx.__version__, "onnx": onnx.__version__,
@@ -232,18 +265,26 @@ def generate(flavour: str, manifest_part: Path) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 3:  # child process: one flavour
-        generate(sys.argv[1], Path(sys.argv[2]))
+    if sys.argv[1:2] == ["--child"]:  # child process: one flavour
+        generate(sys.argv[2], Path(sys.argv[3]), sys.argv[5:] if sys.argv[4] == "some" else None)
         return
+    cases = sys.argv[1:]
+    unknown = set(cases) - set(SPECS) - set(V1_SPECS)
+    if unknown:
+        raise SystemExit(f"unknown cases: {sorted(unknown)}")
     manifest = {"generated_by": "tests/models/keras/generate.py", "versions": {},
                 "sizes": {"batch": {"export": 2, "second": 3}, "time": {"export": 5, "second": 7}}, "models": []}
+    kept = json.loads((HERE / "manifest.json").read_text())["models"] if cases else []
     with tempfile.TemporaryDirectory() as tmp:
         for flavour in FLAVOURS:
             part = Path(tmp) / f"{flavour}.json"
-            subprocess.run([sys.executable, __file__, flavour, str(part)], check=True)
+            subprocess.run([sys.executable, __file__, "--child", flavour, str(part), "some" if cases else "all",
+                            *cases], check=True)
             data = json.loads(part.read_text())
             manifest["versions"].update(data["versions"])
-            manifest["models"] += data["models"]
+            new = {entry["file"]: entry for entry in data["models"]}
+            old = [e for e in kept if e["exporter"] == f"tf2onnx ({flavour})"]
+            manifest["models"] += [new.pop(e["file"], e) for e in old] + list(new.values())
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
