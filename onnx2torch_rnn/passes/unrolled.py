@@ -31,7 +31,8 @@ of it; initial states zeros of [N, H] (N the first layer's batch) or, in every d
 of one value (a Squeeze of a one-row Slice along axis 0); every chain's final state read only by an Unsqueeze of
 axis 0, those (for several) by one Concat over axis 0 in the chains' order; the slicing that two directions share
 read by them alone. tf2onnx's Keras layers with unroll=True transpose the batch-major x to time-major before
-splitting it and Y back after the Concat: those Transposes stay, around the fused node. Not recognised: a step input
+splitting it and Y back after the Concat: a StackedRecurrent absorbs them, around a LoopedRecurrent they stay. A
+chain whose Y is in processing order joins no stack (the stack writes Y in x's order). Not recognised: a step input
 without a time axis ([N, I] per call), a time axis other than 0, a Y written otherwise.
 """
 
