@@ -4,13 +4,13 @@ generate.py there).
 tf2onnx turns what it matches into LSTM/GRU (Transpose -> op -> Squeeze, Keras gate order folded into W/R/B) and the
 rest into a Loop over the step function: Keras 3 GRU and SimpleRNN, tf_keras GRU(reset_after=False), hard_sigmoid
 cells, masking (Embedding(mask_zero=True), Masking) and own cells (recognition makes each Loop of a Keras cell one
-recurrent module again: passes/loops.py); TF1 dynamic_rnn graphs (peepholes, cell_clip,
-projections, sequence_length, MultiRNNCell) become a Scan (one of RNN / GRU / LSTM cell steps becomes one recurrent
-module per cell again: passes/scans.py). Keras layers with unroll=True (a fixed number of steps) are written out step
-by step in the main graph (each layer and direction one recurrent module again: passes/unrolled.py). Every model must
-match onnxruntime (the export's sizes,
-other batch/time sizes, and one row of one step, where a masked Keras 3 layer's Loop runs zero times) and train:
-gradients reach every weight matrix, also through the Loop and Scan bodies, and folded weights are parameters.
+recurrent module again: passes/loops.py); TF1 dynamic_rnn graphs (peepholes, cell_clip, projections, sequence_length,
+MultiRNNCell) become a Scan (one of RNN / GRU / LSTM cell steps becomes one recurrent module per cell again:
+passes/scans.py). Keras layers with unroll=True (a fixed number of steps) are written out step by step in the main
+graph (each layer and direction one recurrent module again: passes/unrolled.py). Every model must match onnxruntime
+(the export's sizes, other batch/time sizes, and one row of one step, where a masked Keras 3 layer's Loop runs zero
+times) and train: gradients reach every weight matrix, also through the Loop and Scan bodies, and folded weights are
+parameters.
 """
 
 import numpy as np
