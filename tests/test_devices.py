@@ -41,6 +41,10 @@ CASES = {
     "tests/models/keras/keras3_embedding_mask_lstm.onnx": lambda rng, n: {
         "x": np.where(np.arange(7) < rng.integers(1, 8, (n, 1)), rng.integers(1, 12, (n, 7)), 0).astype(np.int32)},
     "tests/models/keras/tf_v1_bi_gru_cell.onnx": lambda rng, n: {"x:0": _floats(rng, n, 7, 5)},
+    # unroll=True: a go_backwards LoopedRecurrent (Y in processing order), a Bidirectional's two, a stack and a layer
+    "tests/models/keras/tf_keras_unrolled_lstm_go_backwards.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
+    "tests/models/keras/keras3_unrolled_bi_gru_concat.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
+    "tests/models/keras/keras3_unrolled_stacked.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
 }
 
 
@@ -92,7 +96,8 @@ def test_fused_model_trains(path, device, cudnn_ieee):
 @NEEDS_CUDA
 @pytest.mark.compile
 @pytest.mark.parametrize("path", ["examples/bilstm_tagger.onnx", "tests/models/keras/tf_keras_masking_gru.onnx",
-                                  "tests/models/torch/dynamo_rnn_relu_l2_bi_bf.onnx"])
+                                  "tests/models/torch/dynamo_rnn_relu_l2_bi_bf.onnx",
+                                  "tests/models/keras/tf_keras_unrolled_lstm_go_backwards.onnx"])
 def test_fused_model_compiles_on_cuda(path, cudnn_ieee):
     module = onnx2torch_rnn.convert(ROOT / path).to("cuda")
     compiled = torch.compile(module, fullgraph=True)
