@@ -107,33 +107,90 @@ def test_fused_module_trains_exactly_like_the_literal_conversion(case):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["lstm_l2_bi_h0c0", "gru_l3_h0_dropout"])
-def test_a_stack_calls_its_layers_ops_directly_unless_a_layer_has_hooks(case):
-    """In eager inference on the native kernel a stack runs each layer's op itself (a layer's module call costs
-    about as much as its kernel at batch 1); a hook on a layer makes it call the layers' modules, so the hook runs.
-    Both paths, and the training path, match onnxruntime (and each other)."""
-    from onnx2torch_rnn.recurrent import kernel
+# every torch.onnx model of several layers that converts to a stack, the PackedSequence ones (lengths) too
+STACK_MODELS = [m for m in STACKED + [m for m in MANIFEST["models"] if m["case"].startswith("packed_")]
+                if m["recurrent_nodes"] > 1]
 
-    entry = next(m for m in STACKED if m["case"] == case)
+
+@pytest.mark.parametrize("entry", STACK_MODELS, ids=[m["case"] for m in STACK_MODELS])
+def test_a_stack_is_one_native_op_that_computes_what_its_layers_do(entry, monkeypatch):
+    """In eager inference on the native kernel a stack runs as one op (recurrent_stack: the Python around each layer
+    costs about as much as its kernel at batch 1), which gives exactly what the layers' modules give one after the
+    other; a hook on a layer makes the stack call the layers' modules, so the hook runs. Both paths, and the training
+    path, match onnxruntime."""
+    from onnx2torch_rnn.recurrent import kernel, op
+
     model = onnx.load(TORCH / entry["file"])
-    feeds = manifest_input_sets(TORCH, entry, MANIFEST["sizes"])[0]
     module = onnx2torch_rnn.convert(model)
-    (stack,) = [m for m in module.modules() if isinstance(m, StackedRecurrent)]
-    forwards = []
-    for layer in stack.layers:
-        layer.forward = lambda *args, _forward=layer.forward, **kwargs: forwards.append(1) or _forward(*args, **kwargs)
-    assert_matches_onnxruntime(module, model, feeds)
-    assert len(forwards) == (0 if kernel.loaded() else len(stack.layers))
-    hooked = []
-    handle = stack.layers[-1].register_forward_hook(lambda _module, _args, output: hooked.append(output))
-    forwards.clear()
-    assert_matches_onnxruntime(module, model, feeds)
-    handle.remove()
-    assert len(forwards) == len(stack.layers) and len(hooked) == 1
+    stacks = [m for m in module.modules() if isinstance(m, StackedRecurrent)]
+    assert stacks
+    calls, hooked = [], []
+    monkeypatch.setattr(op, "run_stack", lambda *args, _run=op.run_stack: calls.append(1) or _run(*args))
+    for feeds in manifest_input_sets(TORCH, entry, MANIFEST["sizes"])[::2]:  # an export size and a second size
+        calls.clear()
+        native = outputs(module, feeds)
+        assert len(calls) == (len(stacks) if kernel.loaded() else 0)
+        assert_matches_onnxruntime(module, model, feeds)
+        hooked.clear()
+        handles = [stack.layers[-1].register_forward_hook(lambda _m, _a, output: hooked.append(output))
+                   for stack in stacks]
+        calls.clear()
+        layer_by_layer = outputs(module, feeds)
+        for handle in handles:
+            handle.remove()
+        assert not calls and len(hooked) == len(stacks)
+        for a, b in zip(native, layer_by_layer, strict=True):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)  # the same kernel on the same numbers
     training = module(*(torch.from_numpy(v) for v in feeds.values()))  # grad mode, weights requiring grad: autograd
     for got, want in zip(training if isinstance(training, tuple) else (training,), outputs(module, feeds), strict=True):
         assert got.requires_grad
         np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def _layer(cell: type, inputs: int, direction: str, rng, dtype, **kwargs):
+    gates = {"OnnxLSTM": 4, "OnnxGRU": 3, "OnnxRNN": 1}[cell.__name__]
+    d, h = 2 if direction == "bidirectional" else 1, 4
+    weights = {k: torch.from_numpy(rng.standard_normal(shape)).to(dtype) for k, shape in
+               (("W", (d, gates * h, inputs)), ("R", (d, gates * h, h)), ("B", (d, 2 * gates * h)))}
+    return cell(hidden_size=h, direction=direction, dtype=dtype, **weights, **kwargs)
+
+
+@pytest.mark.parametrize("flags", [{}, {"batch_first": True, "batch_first_output": True}, {"merge_output": False},
+                                   {"last_states": True, "batch_first": True}])
+@pytest.mark.parametrize("steps, batch", [(5, 3), (0, 2), (4, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lengths", ["none", "given", "constant"])
+@pytest.mark.parametrize("cells", ["LSTM", "mixed"])
+def test_the_stack_op_takes_every_stack_argument(flags, steps, batch, dtype, lengths, cells):
+    """StackedRecurrent's own arguments, on a hand-built stack (LSTM layers with c_n, or LSTM, GRU and RNN layers;
+    initial states as rows of the inputs; lengths given at run time or every layer's constant ones): the native
+    stack op gives exactly what the layers' modules give (a hook on a layer forces that path)."""
+    from onnx2torch_rnn.recurrent import OnnxGRU, OnnxLSTM, OnnxRNN
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(0, steps + 1, batch)
+    constant = {"sequence_lens": lens.tolist()} if lengths == "constant" else {}
+    second, third = (OnnxLSTM, OnnxLSTM) if cells == "LSTM" else (OnnxGRU, OnnxRNN)
+    constant["outputs"] = [True, True, True] if cells == "LSTM" else [True, True]  # the layers' states alike
+    layers = [_layer(OnnxLSTM, 3, "bidirectional", rng, dtype, **constant),
+              _layer(second, 8, "forward", rng, dtype, **constant),
+              _layer(third, 4, "bidirectional", rng, dtype, **constant)]
+    stack = StackedRecurrent(layers, initial_h=[(0, 0, 2), None, (0, 2, 4)],
+                             initial_c=[(1, None, None), None, (1, None, None) if cells == "LSTM" else None],
+                             outputs=(True, True, cells == "LSTM"), lengths=lengths == "given", **flags).eval()
+    x = torch.randn((batch, steps, 3) if flags.get("batch_first") else (steps, batch, 3), dtype=dtype)
+    args = [x, torch.randn(4, batch, 4, dtype=dtype), torch.randn(2, batch, 4, dtype=dtype)]
+    args += [torch.from_numpy(lens)] if lengths == "given" else []
+    with torch.no_grad():
+        native = stack(*args)
+        handle = layers[1].register_forward_hook(lambda *_: None)
+        layer_by_layer = stack(*args)
+        handle.remove()
+    assert sum(r is not None for r in native) == (3 if cells == "LSTM" else 2)
+    for a, b in zip(native, layer_by_layer, strict=True):
+        assert (a is None and b is None) or (a.shape == b.shape and a.dtype == b.dtype)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_fused_module_meta_codegen_and_bisect(tmp_path):

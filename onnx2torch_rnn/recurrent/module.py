@@ -189,7 +189,8 @@ class OnnxRNN(Recurrent):
 class StackedRecurrent(Module):
     """Recurrent layers run in turn, each reading the previous layer's output with its directions side by side
     (Y [T, D, N, H] -> [T, N, D*H]): the multi-layer network that exporters write as one node per layer with glue
-    between them (``passes/stacked.py`` recognises it). Each layer is a Recurrent module with its own path choice.
+    between them (``passes/stacked.py`` recognises it). Each layer is a Recurrent module with its own path choice;
+    in eager inference on the native kernel the whole stack is one op instead (``_direct``).
 
     ``forward(x, *states)``: x is [T, N, I] ([N, T, I] with ``batch_first``). Layer l's initial state is
     ``initial_h[l]`` / ``initial_c[l]``: None (zeros) or (k, start, end), rows start:end of ``states[k]`` (None, None:
@@ -220,41 +221,63 @@ class StackedRecurrent(Module):
 
     def forward(self, x: Tensor, *states: Tensor):
         lengths = states[-1] if self.lengths else None
+        initial_h = [_rows(states, where) for where in self.initial_h]
+        initial_c = [_rows(states, where) for where in self.initial_c]
+        results = self._native(x, lengths, initial_h, initial_c) if self._direct(x, states) else None
+        if results is None:
+            results = self._layer_by_layer(x, lengths, initial_h, initial_c)
+        results = tuple(r if wanted else None for r, wanted in zip(results, self.outputs, strict=False))
+        return results[0] if len(results) == 1 else results
+
+    def _layer_by_layer(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list) -> tuple:
+        """(y, h_n, c_n), each layer called as a module (its own path choice: training, compiling, no kernel)."""
         if self.batch_first:
             x = x.transpose(0, 1)
         layers = self.layers
-        run = self._layer_op if self._direct(x, states, layers) else self._layer_module
-        last = len(layers) - 1
         h_n, c_n = [], []
         for index, layer in enumerate(layers):
-            args = (lengths, _rows(states, self.initial_h[index]), _rows(states, self.initial_c[index]))
+            args = (lengths, initial_h[index], initial_c[index])
             if index == 0 and self.window is not None:
-                y, y_h, y_c = _over_windows(run, layer, x, self.window, *args)
+                y, y_h, y_c = _over_windows(self._layer_module, layer, x, self.window, *args)
             else:
-                y, y_h, y_c = run(layer, x, *args)
+                y, y_h, y_c = self._layer_module(layer, x, *args)
             h_n.append(y_h)
             c_n.append(y_c)
-            x = y.transpose(1, 2).flatten(2) if y is not None and (index < last or self.merge_output) else y
+            x = y.transpose(1, 2).flatten(2) if y is not None and (index < len(layers) - 1 or self.merge_output) else y
         if x is not None and self.batch_first_output:
             x = x.transpose(0, 1)
         if self.last_states:
             h_n, c_n = h_n[-1:], c_n[-1:]
-        results = tuple(r if wanted else None for r, wanted in zip((x, _joined(h_n), _joined(c_n)), self.outputs,
-                                                                    strict=False))
-        return results[0] if len(results) == 1 else results
+        return x, _joined(h_n), _joined(c_n)
 
-    def _direct(self, x: Tensor, states: tuple[Tensor, ...], layers: nn.ModuleList) -> bool:
-        """Whether the layers' ops are called directly, not their modules: eager inference on the native kernel,
-        where a layer's module call costs about as much as its kernel at batch 1. Only where that is the same call:
-        every layer a Recurrent whose forward is Recurrent's (a converter may give a layer another module), without
-        hooks (they still run)."""
+    def _direct(self, x: Tensor, states: tuple[Tensor, ...]) -> bool:
+        """Whether the stack runs as one native op (``_native``), not layer by layer: eager inference on the native
+        kernel, where the Python around each layer (its call, the transpositions between layers) costs as much as
+        its kernel at batch 1. Only where that is the same computation: every layer a Recurrent whose forward is
+        Recurrent's (a converter may give a layer another module), without hooks (they still run), the layers' own
+        constant lengths (if any) all the same."""
+        layers = self.layers
         return (not torch.compiler.is_compiling()
                 and all(type(layer).forward is Recurrent.forward and not has_forward_hooks(layer) for layer in layers)
+                and (self.lengths or len({layer.sequence_lens for layer in layers}) == 1)
                 and native_inference(x, itertools.chain(states, self.parameters())))
 
-    @staticmethod
-    def _layer_op(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
-        return layer.run_op(x, layer.weights(), lengths, initial_h, initial_c)
+    def _native(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list) -> tuple | None:
+        """(y, h_n, c_n) by the native stack op (op.py: recurrent_stack), the same computation as
+        ``_layer_by_layer`` on the layers' own ops; None where the first layer's directions read different steps of
+        x (its window), which only ``_layer_by_layer`` runs."""
+        layers, batch_first = self.layers, self.batch_first
+        if self.window is not None:
+            x = x.transpose(0, 1) if batch_first else x
+            window = _one_window(x, self.window)
+            if window is None:
+                return None
+            x, batch_first = x[window[0]:window[1]], False
+        if lengths is None:
+            lengths = buffer_dict(layers[0])["static_lens"]
+        return op.run_stack(x, [layer.weights() for layer in layers], [layer.op_config for layer in layers], lengths,
+                            initial_h, initial_c, batch_first, self.batch_first_output, self.merge_output,
+                            self.last_states)
 
     @staticmethod
     def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
@@ -384,16 +407,25 @@ def _check_steps(x: Tensor, windows: Sequence[tuple[int, int | None]]) -> None:
     torch._check(x.shape[0] >= needed, lambda: f"the unrolled cell reads {needed} steps: x has fewer")
 
 
+def _one_window(x: Tensor, windows: tuple) -> tuple[int, int | None] | None:
+    """The steps of x that every direction reads (``windows[d]``: direction d's), after checking x has them; None
+    where they differ. The same steps: windows written alike, or, in eager calls, alike at x's length (dynamo's first
+    and last T steps at the length it unrolled). While compiling, x's length may be symbolic: comparing it would
+    specialise the program."""
+    _check_steps(x, windows)
+    if len(set(windows)) == 1 or (not torch.compiler.is_compiling() and len(
+            {slice(*w).indices(x.shape[0]) for w in windows}) == 1):
+        return windows[0]
+    return None
+
+
 def _over_windows(run, layer: nn.Module, x: Tensor, windows: tuple, *args) -> tuple:
     """A layer whose direction d reads the steps ``windows[d]`` of x: one call where every direction reads the same
-    steps (windows written alike, or, in eager calls, alike at x's length: dynamo's first and last T steps at the
-    length it unrolled), else one call per direction, each giving that direction's outputs (Y [T, D, N, H], Y_h and
-    Y_c [D, N, H]). While compiling, x's length may be symbolic: comparing it would specialise the program."""
-    _check_steps(x, windows)
-    length = x.shape[0]
-    if len(set(windows)) == 1 or (not torch.compiler.is_compiling() and len(
-            {slice(*w).indices(length) for w in windows}) == 1):
-        return run(layer, x[windows[0][0]:windows[0][1]], *args)
+    steps (``_one_window``), else one call per direction, each giving that direction's outputs (Y [T, D, N, H], Y_h
+    and Y_c [D, N, H])."""
+    window = _one_window(x, windows)
+    if window is not None:
+        return run(layer, x[window[0]:window[1]], *args)
     runs = [run(layer, x[start:stop], *args) for start, stop in windows]
     return tuple(None if first is None else torch.cat([r[k].narrow(axis, d, 1) for d, r in enumerate(runs)], axis)
                  for k, (first, axis) in enumerate(zip(runs[0], (1, 0, 0), strict=True)))

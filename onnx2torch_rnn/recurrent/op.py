@@ -35,6 +35,9 @@ third op, recomputes the forward with torch.func.vjp over the cell loop
 and returns the input gradients: one extra forward in the backward, no activations saved, the whole recurrence still
 one opaque node.
 
+``recurrent_stack`` runs a StackedRecurrent's layers (module.py) in one call, for eager inference on the native
+kernel only (CPU; no fake or Python implementation: everywhere else the stack calls its layers).
+
 ``onnx_translation_table`` turns the op back into the ONNX node it came from for torch.onnx.export(dynamo=True).
 """
 from __future__ import annotations
@@ -93,6 +96,22 @@ _LIBRARY.impl("recurrent_differentiable", lambda *args: torch.ops.onnx2torch_rnn
               "CompositeExplicitAutograd")
 
 
+# StackedRecurrent's eager inference on the native kernel (module.py): the whole stack of layout-0 layers without
+# masks in one call. ``configs`` joins the layers' configs with "|", ``counts`` says how many of ``weights`` each
+# layer takes; the flags are StackedRecurrent's. Returns y, h_n, c_n (empty where the layers do not compute them).
+_LIBRARY.define("recurrent_stack(Tensor X, Tensor[] weights, int[] counts, str configs, Tensor? sequence_lens, "
+                "Tensor?[] initial_h, Tensor?[] initial_c, bool batch_first, bool batch_first_output, "
+                "bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
+
+
+def run_stack(X, weights: list[list[Tensor | None]], configs: list[str], sequence_lens, initial_h: list,
+              initial_c: list, *flags: bool):
+    """The stack op on each layer's weights (None where absent) and config."""
+    present = [[w for w in layer if w is not None] for layer in weights]
+    return _STACK(X, [w for layer in present for w in layer], [len(layer) for layer in present], "|".join(configs),
+                  sequence_lens, initial_h, initial_c, *flags)
+
+
 def output_shapes(config: str, X, weights) -> list[tuple]:
     """Shapes of (Y, Y_h, Y_c) from the input shapes alone (symbolic sizes welcome); (0,) for an output not asked
     for."""
@@ -118,6 +137,7 @@ torch.library.register_fake(DIFFERENTIABLE_OP_NAME, _fake)
 
 _RECURRENT = torch.ops.onnx2torch_rnn.recurrent.default
 _DIFFERENTIABLE = torch.ops.onnx2torch_rnn.recurrent_differentiable.default
+_STACK = torch.ops.onnx2torch_rnn.recurrent_stack.default
 
 
 def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, mask=None, differentiable=False,

@@ -108,4 +108,19 @@ inline const Config& config_of(std::string_view key) {
   return found->second;
 }
 
+// A stack's layer configs (joined with '|'), parsed once per distinct string.
+inline const std::vector<const Config*>& stack_of(std::string_view key) {
+  static std::mutex mutex;
+  static std::map<std::string, std::vector<const Config*>, std::less<>> parsed;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = parsed.find(key);
+    if (found != parsed.end()) return found->second;
+  }
+  std::vector<const Config*> layers;
+  for (const std::string& layer : split(std::string(key), '|')) layers.push_back(&config_of(layer));
+  std::lock_guard<std::mutex> lock(mutex);
+  return parsed.emplace(std::string(key), std::move(layers)).first->second;
+}
+
 }  // namespace onnx2torch_rnn

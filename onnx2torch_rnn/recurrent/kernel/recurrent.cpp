@@ -27,6 +27,7 @@
 #include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <list>
 #include <memory>
@@ -705,7 +706,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
   // the half it keeps in cache) ran 1.7x faster.
   const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();  // no nested teams
   const bool directions_at_once = D == 2 && threads > 1 && gh * hidden * int64_t{sizeof(T)} <= l2_bytes() / 2;
-  const int64_t longest = any_lens ? lens.max().item<int64_t>() : steps;
+  const int64_t longest = any_lens ? *std::max_element(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + batch)
+                                   : steps;
   auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
   auto direction = [&](Direction<T>& r, bool split) {
     const bool split_projection = split && worth_splitting(rows * gh * input);
@@ -748,22 +750,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
   return {output(y), output(y_h), output(y_c)};
 }
 
+// Checks one node's inputs but sequence_lens (in validation.py's order: weights, X, initial states; a wrong X is
+// blamed on X) and returns its hidden size.
+int64_t checked_inputs(const Config& c, const at::Tensor& X, at::TensorList weights, const at::Tensor& h0,
+                       const at::Tensor& c0) {
+  TORCH_CHECK_VALUE(X.dim() == 3, "X must have 3 dimensions, got shape ", shape_text(X.sizes()));
+  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
+  const int64_t hidden = checked_hidden(c, weights, X);
+  const std::vector<int64_t> state_shape = c.layout ? std::vector<int64_t>{batch, c.directions, hidden}
+                                                    : std::vector<int64_t>{c.directions, batch, hidden};
+  check_shape("initial_h", h0, state_shape);
+  check_shape("initial_c", c0, state_shape);
+  return hidden;
+}
+
+// sequence_lens checked, as int64; undefined when every row is full (the run then needs no per-row bookkeeping).
+at::Tensor partial_lengths(const std::optional<at::Tensor>& sequence_lens, int64_t steps, int64_t batch) {
+  at::Tensor lens = checked_lengths(sequence_lens, steps, batch);
+  if (!lens.defined()) return lens;
+  const int64_t* p = lens.data_ptr<int64_t>();  // a loop, not three ops: a batch-1 call notices each op
+  return std::all_of(p, p + batch, [steps](int64_t v) { return v == steps; }) ? at::Tensor() : lens;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_node(const Config& c, const at::Tensor& X, at::TensorList weights,
+                                                        int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
+                                                        const at::Tensor& c0, const at::Tensor& mask) {
+  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, hidden, lens, h0, c0, mask);
+  return run<float>(c, X, weights, hidden, lens, h0, c0, mask);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
     const at::Tensor& X, at::TensorList weights, c10::string_view config,
     const std::optional<at::Tensor>& sequence_lens, const std::optional<at::Tensor>& initial_h,
     const std::optional<at::Tensor>& initial_c, const std::optional<at::Tensor>& mask) {
   const Config& c = config_of(std::string_view(config.data(), config.size()));
-  TORCH_CHECK_VALUE(X.dim() == 3, "X must have 3 dimensions, got shape ", shape_text(X.sizes()));
-  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
-  // in validation.py's order: weights, X, initial states, sequence_lens
-  const int64_t hidden = checked_hidden(c, weights, X);
   const at::Tensor h0 = initial_h.value_or(at::Tensor()), c0 = initial_c.value_or(at::Tensor());
-  const std::vector<int64_t> state_shape = c.layout ? std::vector<int64_t>{batch, c.directions, hidden}
-                                                    : std::vector<int64_t>{c.directions, batch, hidden};
-  check_shape("initial_h", h0, state_shape);
-  check_shape("initial_c", c0, state_shape);
-  at::Tensor lens = checked_lengths(sequence_lens, steps, batch);
-  if (lens.defined() && (lens == steps).all().item<bool>()) lens = at::Tensor();  // every row is full
+  const int64_t hidden = checked_inputs(c, X, weights, h0, c0);
+  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
+  const at::Tensor lens = partial_lengths(sequence_lens, steps, batch);
   at::Tensor mask_t;
   TORCH_CHECK_VALUE(mask.has_value() == (c.mask_output >= 0),
                     mask.has_value() ? "this node takes no mask input" : "this node takes a mask input");
@@ -775,14 +799,59 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
     TORCH_CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
     mask_t = mask->contiguous();
   }
-  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, hidden, lens, h0, c0, mask_t);
-  return run<float>(c, X, weights, hidden, lens, h0, c0, mask_t);
+  return run_node(c, X, weights, hidden, lens, h0, c0, mask_t);
+}
+
+// The layers' final states as one [L·D, N, H] tensor (the first layer's empty one where they are not computed).
+at::Tensor joined(const std::vector<at::Tensor>& per_layer, bool computed) {
+  return per_layer.size() == 1 || !computed ? per_layer[0] : at::cat(per_layer);
+}
+
+// StackedRecurrent.forward (recurrent/module.py, which documents the arguments) in one call: at batch 1 the Python
+// around each layer (its op call, the transpositions and concatenations between layers) costs as much as the
+// layers' work. `configs` joins the layers' configs (layout 0, no mask) with '|'; `counts` says how many of
+// `weights` each layer takes; initial_h / initial_c hold each layer's states (or None). Returns y, h_n, c_n (empty
+// where the layers do not compute them).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
+    const at::Tensor& X, at::TensorList weights, at::IntArrayRef counts, c10::string_view configs,
+    const std::optional<at::Tensor>& sequence_lens, const c10::List<std::optional<at::Tensor>>& initial_h,
+    const c10::List<std::optional<at::Tensor>>& initial_c, bool batch_first, bool batch_first_output,
+    bool merge_output, bool last_states) {
+  const std::vector<const Config*>& layers = stack_of(std::string_view(configs.data(), configs.size()));
+  const size_t count = layers.size();
+  TORCH_CHECK_VALUE(count == counts.size() && count == initial_h.size() && count == initial_c.size(),
+                    "recurrent_stack: one config, weight count and initial state per layer");
+  at::Tensor x = batch_first && X.dim() == 3 ? X.transpose(0, 1) : X, y, lens;
+  std::vector<at::Tensor> h_n(count), c_n(count);
+  size_t offset = 0;
+  for (size_t l = 0; l < count; ++l) {
+    const Config& c = *layers[l];
+    TORCH_CHECK_VALUE(c.layout == 0 && c.mask_output < 0, "recurrent_stack: layers are layout 0 without a mask");
+    TORCH_CHECK_VALUE(offset + counts[l] <= weights.size(), "recurrent_stack: fewer weights than counts");
+    const at::TensorList own = weights.slice(offset, counts[l]);
+    offset += counts[l];
+    const at::Tensor h0 = initial_h.get(l).value_or(at::Tensor()), c0 = initial_c.get(l).value_or(at::Tensor());
+    const int64_t hidden = checked_inputs(c, x, own, h0, c0);
+    if (l == 0) lens = partial_lengths(sequence_lens, x.size(0), x.size(1));  // after X's checks, as per layer
+    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, own, hidden, lens, h0, c0, at::Tensor());
+    TORCH_CHECK_VALUE(c.outputs[0] || l + 1 == count, "recurrent_stack: a layer below the last must compute Y");
+    if (c.outputs[0] && (l + 1 < count || merge_output)) y = y.transpose(1, 2).flatten(2);  // [T, N, D·H]
+    x = y;
+  }
+  TORCH_CHECK_VALUE(offset == weights.size(), "recurrent_stack: more weights than counts");
+  if (layers.back()->outputs[0] && batch_first_output) y = y.transpose(0, 1);
+  if (last_states) {
+    h_n = {h_n.back()};
+    c_n = {c_n.back()};
+  }
+  return {y, joined(h_n, layers[0]->outputs[1]), joined(c_n, layers[0]->outputs[2])};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("recurrent", &recurrent_cpu);
+  m.impl("recurrent_stack", &recurrent_stack_cpu);
 }
 
 }  // namespace onnx2torch_rnn
