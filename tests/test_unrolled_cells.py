@@ -110,22 +110,31 @@ def test_dynamo_unrolled_rnn_compiles_in_one_graph_and_exports_with_dynamic_batc
 
 
 @pytest.mark.parametrize("file", sorted(DYNAMO))
-def test_dynamo_window_reads_the_unrolled_steps_and_refuses_fewer(file):
+def test_dynamo_window_reads_the_unrolled_steps_and_refuses_fewer(file, monkeypatch):
     """dynamo specialised the graph to 5 steps: the fused stack reads those of a longer x as the graph does (the
     forward direction the first 5, the reverse the last 5), and fails where x is shorter (the graph's SequenceAt
-    fails there too). At 5 steps each layer is one call; at 7 the first layer's directions read other steps."""
+    fails there too). At 5 steps each layer is one call (in eager inference on the native kernel, the whole stack
+    one op); at 7 the first layer's directions read other steps, one call each."""
+    from onnx2torch_rnn.recurrent import kernel, op
+
     model = onnx.load(TORCH / file)
     module = onnx2torch_rnn.convert(model)
     first = stacks(module)[0].layers[0]
-    calls = []
-    original = first.run_op
-    first.run_op = lambda *args, **kwargs: calls.append(args[0].shape[0]) or original(*args, **kwargs)
     feeds = dynamo_sets(file)[0]
+    layer_calls = []  # a hook on a layer: the stack calls its layers' modules
+    handle = first.register_forward_pre_hook(lambda _module, args: layer_calls.append(args[0].shape[0]))
     compare_with_onnxruntime(module, model, steps(file, feeds, 5))
-    assert calls == [5]
-    calls.clear()
+    assert layer_calls == [5]
+    layer_calls.clear()
     compare_with_onnxruntime(module, model, steps(file, feeds, 7))
-    assert calls == [5] * first.config.num_directions
+    assert layer_calls == [5] * first.config.num_directions
+    handle.remove()
+    stack_calls = []
+    monkeypatch.setattr(op, "run_stack", lambda x, *args, _run=op.run_stack: stack_calls.append(x.shape[0]) or
+                        _run(x, *args))
+    compare_with_onnxruntime(module, model, steps(file, feeds, 5))
+    compare_with_onnxruntime(module, model, steps(file, feeds, 7))  # two directions' steps differ: layer by layer
+    assert stack_calls == ([5] * (3 - first.config.num_directions) if kernel.loaded() else [])
     with pytest.raises(RuntimeError, match="reads 5 steps"):
         module(*(torch.from_numpy(v) for v in steps(file, feeds, 4).values()))
 
