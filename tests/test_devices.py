@@ -41,7 +41,7 @@ CASES = {
     "tests/models/keras/keras3_embedding_mask_lstm.onnx": lambda rng, n: {
         "x": np.where(np.arange(7) < rng.integers(1, 8, (n, 1)), rng.integers(1, 12, (n, 7)), 0).astype(np.int32)},
     "tests/models/keras/tf_v1_bi_gru_cell.onnx": lambda rng, n: {"x:0": _floats(rng, n, 7, 5)},
-    # unroll=True: a go_backwards LoopedRecurrent (Y in processing order), a Bidirectional's two, a stack and a layer
+    # unroll=True: a go_backwards LoopedRecurrent (Y in processing order), a Bidirectional (one layer), a stack
     "tests/models/keras/tf_keras_unrolled_lstm_go_backwards.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
     "tests/models/keras/keras3_unrolled_bi_gru_concat.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
     "tests/models/keras/keras3_unrolled_stacked.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},

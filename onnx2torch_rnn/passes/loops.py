@@ -136,9 +136,10 @@ def _runs_t_times(view: GraphView, loop: onnx.NodeProto, cond, steps) -> bool:
     return bool(initial) and any(t.a == Step(1) for t in terms)
 
 
-def _private(view: GraphView, name: str, region: dict[int, onnx.NodeProto]) -> bool:
+def _private(view: GraphView, name: str, region: dict[int, onnx.NodeProto], *, dropped: bool = False) -> bool:
     """Whether every reader of ``name`` is in the region (the nodes a fusion replaces, by id) or only feeds it (the
-    fusion absorbs those): a weight the fused module copies must not be shared with anything else."""
+    fusion absorbs those): a weight the fused module copies must not be shared with anything else. ``dropped``: a
+    value the fusion drops, which no reader feeding nothing may read (recognition absorbs only what feeds it)."""
     pending, seen = list(view.consumers.get(name, [])), set()
     while pending:
         node = pending.pop()
@@ -146,9 +147,10 @@ def _private(view: GraphView, name: str, region: dict[int, onnx.NodeProto]) -> b
             continue
         seen.add(id(node))
         outputs = [o for o in node.output if o]
-        if not outputs or any(o in view.graph_outputs for o in outputs):
+        readers = [c for o in outputs for c in view.consumers.get(o, [])]
+        if not outputs or any(o in view.graph_outputs for o in outputs) or (dropped and not readers):
             return False
-        pending += [c for o in outputs for c in view.consumers.get(o, [])]
+        pending += readers
     return True
 
 

@@ -148,20 +148,28 @@ def _merge_directions(view: GraphView, layer: _Layer) -> tuple[str, list[onnx.No
 
 
 def _cancelled_transposes(view: GraphView, value: str) -> tuple[str, list[onnx.NodeProto]]:
-    """tf2onnx between layers: Transpose(1, 0, 2) to batch-major and straight back. The value after such pairs (only
-    Shapes may read the middle one: zero states, absorbed with them) and their nodes."""
+    """Transposes that undo each other (tf2onnx between layers: to batch-major and straight back): the value after
+    such pairs (only Shapes may read the middle one: zero states, absorbed with them) and their nodes."""
     nodes = []
     while True:
         there = view.only_consumer(value)
-        if not (_op(there, "Transpose") and attribute(there, "perm") == [1, 0, 2]):
+        perm = attribute(there, "perm") if _op(there, "Transpose") else None
+        if perm is None:
             return value, nodes
         readers = view.consumers.get(there.output[0], [])
-        back = next((r for r in readers if _op(r, "Transpose") and attribute(r, "perm") == [1, 0, 2]), None)
+        back = next((r for r in readers if _op(r, "Transpose") and r.input[0] == there.output[0]
+                     and _undoes(attribute(r, "perm"), perm)), None)
         if back is None or there.output[0] in view.graph_outputs or not all(
                 r is back or _op(r, "Shape") for r in readers):
             return value, nodes
         nodes += [there, back]
         value = back.output[0]
+
+
+def _undoes(perm: list[int] | None, first: list[int]) -> bool:
+    """Whether Transpose(perm) of Transpose(first) is the identity: output axis i is input axis first[perm[i]]."""
+    identity = list(range(len(first)))
+    return perm is not None and sorted(perm) == identity and [first[k] for k in perm] == identity
 
 
 _SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Mul", "Constant")

@@ -33,8 +33,9 @@ MANIFEST = read_manifest(FOLDER)
 ENTRIES = {entry["file"]: entry for entry in MANIFEST["models"]}
 SCANS_KEPT = ("lstm_cell_clip", "lstm_projection")  # TF1 cells no ONNX op computes exactly
 CELLS_PER_SCAN = {"multi_cell": 2}  # a MultiRNNCell's Scan becomes one recurrent module per cell
-# unroll=True: T cell steps in the main graph become one recurrent module per layer and direction (passes/unrolled.py)
-UNROLLED = {"unrolled_bi_gru_concat": 2, "unrolled_stacked": 2}
+# unroll=True: T cell steps in the main graph become one recurrent module per layer (passes/unrolled.py; the two
+# directions of a Bidirectional one bidirectional layer)
+UNROLLED = {"unrolled_stacked": 2}
 ONE_STEP = {"batch": {"export": 2, "second": 1}, "time": {"export": 5, "second": 1}}
 
 
