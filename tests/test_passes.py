@@ -148,12 +148,51 @@ def test_a_stack_is_one_native_op_that_computes_what_its_layers_do(entry, monkey
         np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-6)
 
 
-def _layer(cell: type, inputs: int, direction: str, rng, dtype, **kwargs):
+def _layer(cell: type, inputs: int, direction: str, rng, dtype, bias: bool = True, **kwargs):
     gates = {"OnnxLSTM": 4, "OnnxGRU": 3, "OnnxRNN": 1}[cell.__name__]
     d, h = 2 if direction == "bidirectional" else 1, 4
     weights = {k: torch.from_numpy(rng.standard_normal(shape)).to(dtype) for k, shape in
-               (("W", (d, gates * h, inputs)), ("R", (d, gates * h, h)), ("B", (d, 2 * gates * h)))}
+               (("W", (d, gates * h, inputs)), ("R", (d, gates * h, h)), ("B", (d, 2 * gates * h)))[:3 if bias else 2]}
     return cell(hidden_size=h, direction=direction, dtype=dtype, **weights, **kwargs)
+
+
+@pytest.mark.parametrize("cell, attributes", [("OnnxLSTM", {}), ("OnnxGRU", {"linear_before_reset": 1}),
+                                              ("OnnxRNN", {}), ("OnnxRNN", {"activations": ["Relu"] * 2})])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("flags", [{}, {"batch_first": True, "last_states": True},
+                                   {"batch_first_output": True, "initial_h": [(0, None, None), None]}])
+@pytest.mark.parametrize("dtype, bias", [(torch.float32, True), (torch.float64, False)])
+def test_fast_layers_train_as_one_multi_layer_call(cell, attributes, direction, flags, dtype, bias, monkeypatch):
+    """Layers of one torch mode, direction count and size (nn.LSTM(num_layers=L) as the exporters wrote it) run as
+    one call of torch's multi-layer kernel outside native inference (training, CPU without the kernel): the same
+    outputs and gradients as the layers' modules one after the other (a hook on a layer forces that path)."""
+    from onnx2torch_rnn.recurrent import OnnxGRU, OnnxLSTM, OnnxRNN, module
+
+    cls = {"OnnxLSTM": OnnxLSTM, "OnnxGRU": OnnxGRU, "OnnxRNN": OnnxRNN}[cell]
+    rng = np.random.default_rng(1)
+    d = 2 if direction == "bidirectional" else 1
+    layers = [_layer(cls, inputs, direction, rng, dtype, bias, **attributes) for inputs in (3, 4 * d)]
+    assert all(layer.fast for layer in layers)
+    outputs = (True, True, cell == "OnnxLSTM")
+    stack = StackedRecurrent(layers, outputs=outputs, **flags)
+    x = torch.randn((2, 5, 3) if flags.get("batch_first") else (5, 2, 3), dtype=dtype, requires_grad=True)
+    states = [torch.randn(d, 2, 4, dtype=dtype)] if "initial_h" in flags else []
+    calls = []
+    monkeypatch.setattr(module, "torch_layers", lambda *args, _run=module.torch_layers: calls.append(1) or _run(*args))
+    results = []
+    for hooked in (False, True):
+        handle = layers[1].register_forward_hook(lambda *_: None) if hooked else None
+        got = [t for t in stack(x, *states) if t is not None]
+        assert len(got) == sum(outputs)
+        sum((t * torch.linspace(-1, 1, t.numel(), dtype=dtype).view(t.shape)).sum() for t in got).backward()
+        results.append([*got, x.grad.clone(), *(p.grad.clone() for p in stack.parameters())])
+        x.grad = None
+        stack.zero_grad(set_to_none=True)
+        if handle:
+            handle.remove()
+    assert calls == [1]  # the unhooked run only
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("flags", [{}, {"batch_first": True, "batch_first_output": True}, {"merge_output": False},

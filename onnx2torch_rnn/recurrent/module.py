@@ -24,7 +24,7 @@ from ..modules.common import Module
 from ..torch_compat import buffer_dict, flat_weight_names, has_forward_hooks, parameter_dict
 from . import kernel, op
 from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
-from .runtime import needs_grad, recurrent
+from .runtime import needs_grad, recurrent, torch_layers
 
 
 class FastWeights:
@@ -230,10 +230,13 @@ class StackedRecurrent(Module):
         return results[0] if len(results) == 1 else results
 
     def _layer_by_layer(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list) -> tuple:
-        """(y, h_n, c_n), each layer called as a module (its own path choice: training, compiling, no kernel)."""
+        """(y, h_n, c_n), each layer called as a module (its own path choice: training, compiling, no kernel), or
+        all of them as one call of torch's multi-layer kernel where that is the same computation (``_one_call``)."""
         if self.batch_first:
             x = x.transpose(0, 1)
         layers = self.layers
+        if lengths is None and self._one_call(x):
+            return self._torch_layers(x, initial_h, initial_c)
         h_n, c_n = [], []
         for index, layer in enumerate(layers):
             args = (lengths, initial_h[index], initial_c[index])
@@ -249,6 +252,39 @@ class StackedRecurrent(Module):
         if self.last_states:
             h_n, c_n = h_n[-1:], c_n[-1:]
         return x, _joined(h_n), _joined(c_n)
+
+    def _one_call(self, x: Tensor) -> bool:
+        """Whether the layers can run as one call of torch's multi-layer kernel (``runtime.torch_layers``), as
+        nn.LSTM(num_layers=L) runs: eager on CPU (no trace, no compile: those record the layers' own ops; on CUDA
+        the layers' weights are not one cuDNN buffer), every layer on the fast path with the same torch mode,
+        directions (not reverse-only), hidden size, biases and dtype, x's dtype too (a float16 layer's output is
+        rounded before the next layer reads it), without hooks or constant lengths; a whole merged Y; steps and rows
+        (torch's kernels refuse zero steps); no window."""
+        if not (x.is_cpu and x.numel() and self.window is None and self.merge_output
+                and not torch.compiler.is_compiling() and not torch.jit.is_tracing()):
+            return False
+        kinds = {(layer.cell.torch_mode(layer.config), layer.config.direction, layer.rnn.hidden_size, layer.rnn.bias,
+                  layer.rnn.weight_ih_l0.dtype)
+                 if type(layer).forward is Recurrent.forward and layer.fast and not has_forward_hooks(layer)
+                 and layer.sequence_lens is None else None for layer in self.layers}
+        (kind, *others) = kinds
+        return not others and kind is not None and kind[1] != "reverse" and kind[4] == x.dtype
+
+    def _torch_layers(self, x: Tensor, initial_h: list, initial_c: list) -> tuple:
+        """(y, h_n, c_n) by ``runtime.torch_layers``."""
+        layers = list(self.layers)
+        first = layers[0]
+        directions, batch, hidden = first.config.num_directions, x.shape[1], first.rnn.hidden_size
+
+        def states(given: list) -> Tensor:  # every layer's [D, N, H], zeros where a layer has none
+            return torch.cat([x.new_zeros(directions, batch, hidden) if s is None else s for s in given])
+
+        y, h_n, c_n = torch_layers(first.cell.torch_mode(first.config), x,
+                                   [w for layer in layers for w in layer.weights()], len(layers), directions == 2,
+                                   states(initial_h), states(initial_c) if first.cell.has_cell_state else None)
+        if self.last_states:
+            h_n, c_n = h_n[-directions:], None if c_n is None else c_n[-directions:]
+        return y.transpose(0, 1) if self.batch_first_output else y, h_n, c_n
 
     def _direct(self, x: Tensor, states: tuple[Tensor, ...]) -> bool:
         """Whether the stack runs as one native op (``_native``), not layer by layer: eager inference on the native

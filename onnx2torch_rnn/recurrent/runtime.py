@@ -177,8 +177,9 @@ def _torch_core(cell, cfg, x, weights, lens, h0, c0):
     and about twice as fast as packing on small shapes; otherwise pack_padded_sequence stops every row at its
     length."""
     mode = cell.torch_mode(cfg)
-    pack = lens is not None and (cfg.num_directions == 2 or (cell.has_cell_state and cfg.outputs[2]))
     steps, batch, _ = x.shape
+    lens = lens if batch else None  # an empty batch has no row to stop (and packing refuses it)
+    pack = lens is not None and (cfg.num_directions == 2 or (cell.has_cell_state and cfg.outputs[2]))
     directions, hidden = cfg.num_directions, weights[1].shape[-1]
     bidirectional, reverse = directions == 2, cfg.direction == "reverse"
     has_bias = len(weights) == 4 * directions
@@ -209,6 +210,20 @@ def _torch_core(cell, cfg, x, weights, lens, h0, c0):
     if reverse:
         y = _reverse(y[:, 0], lens).unsqueeze(1)
     return y, states[0], states[1] if cell.has_cell_state else None
+
+
+def torch_layers(mode: str, x: Tensor, weights: list[Tensor], num_layers: int, bidirectional: bool,
+                 h0: Tensor, c0: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Several fast-path layers (one torch mode, hidden size and direction count, forward or bidirectional) as one
+    call of torch's kernel with num_layers: y [T, N, D*H], h_n and c_n [L*D, N, H]. x [T, N, I] (T, N > 0),
+    ``weights`` the layers' flat weights in turn, h0 and c0 every layer's initial states; all in one float dtype.
+    What the layers compute one after the other, in one autograd node per layer and direction instead of a dozen
+    small ops per layer."""
+    has_bias = len(weights) == 4 * num_layers * (2 if bidirectional else 1)
+    train = needs_grad((x, h0, c0, *weights))
+    hx = h0 if c0 is None else [h0, c0]
+    y, *states = _TORCH_KERNELS[mode](x, hx, weights, has_bias, num_layers, 0.0, train, bidirectional, False)
+    return y, states[0], states[1] if c0 is not None else None
 
 
 def _projection(cell, cfg, xs: Tensor, W: Tensor, B: Tensor | None, lens: Tensor | None,
