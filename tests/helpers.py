@@ -219,21 +219,24 @@ def perturbed(op_type, node_name, fn=lambda y: y * 1.01 + 0.01, opset=17):
         yield
 
 
-def assert_fused_trains_like_literal(path, x: np.ndarray) -> tuple[torch.nn.Module, torch.nn.Module]:
+def assert_fused_trains_like_literal(path, x: np.ndarray, *others: np.ndarray) -> tuple[torch.nn.Module,
+                                                                                          torch.nn.Module]:
     """The model at ``path`` converted with recognition and as written (fuse=False) gives the same loss (the sum of
-    its squared outputs) and the same gradient at its input ``x``; returns the two modules (fused, literal)."""
+    its squared outputs) and the same gradient at its inputs ``x`` and ``others`` (its further inputs, in order);
+    returns the two modules (fused, literal)."""
     losses, grads, modules = [], [], []
     for fuse in (True, False):
         module = onnx2torch_rnn.convert(path, fuse=fuse)
-        given = torch.from_numpy(x).requires_grad_()
-        outputs = module(given)
+        given = [torch.from_numpy(a).requires_grad_() for a in (x, *others)]
+        outputs = module(*given)
         loss = sum(o.square().sum() for o in (outputs if isinstance(outputs, tuple) else (outputs,)))
         loss.backward()
         losses.append(loss.item())
-        grads.append(given.grad)
+        grads.append([g.grad for g in given])
         modules.append(module)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    for fused, literal in zip(*grads, strict=True):
+        torch.testing.assert_close(fused, literal, rtol=1e-4, atol=1e-6)
     return modules[0], modules[1]
 
 

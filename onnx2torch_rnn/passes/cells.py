@@ -492,29 +492,41 @@ def _gru(states: dict[int, Atom], new: dict[int, Form]) -> _Cell | None:
     if _one_state(states) is None:
         return None
     h, state = _one_state(states)
-    products = _products(new[h])
-    if products is None or len(products) != 2:
-        return None
-    kept = [p for p in products if _factor(p, state) is not None]
-    if len(kept) != 1:
-        return None
-    z_form = _factor(kept[0], state)
-    update, z = _activated(z_form), _single(z_form)
-    if update is None or not isinstance(z[1], float):
-        return None
-    a, b = next(p for p in products if p is not kept[0])
-    for one_minus_z, candidate in ((a, b), (b, a)):
-        if not (one_minus_z.terms == {z[0]: -z[1]} and isinstance(one_minus_z.bias, float)
-                and one_minus_z.bias == 1.0):
+    for z_form, candidate in _interpolations(new[h], state):
+        update, hidden = _activated(z_form), _activated(candidate)
+        if update is None or hidden is None:
             continue
-        hidden = _activated(candidate)
-        if hidden is None:
-            return None
         cell = _reset(state, update, hidden)
         if cell is not None:
             cell.h = h
             return cell
     return None
+
+
+def _interpolations(f: Form, state: Atom) -> list[tuple[Form, Form]]:
+    """(z, candidate) for each way ``f`` is a GRU's new h between them: (1 - z) * n + z * h, or n + z * (h - n) as
+    torch's GRUCell writes it (the same value up to rounding, as any two spellings of the cell are)."""
+    products = _products(f)
+    if products is not None and len(products) == 2:
+        kept = [p for p in products if _factor(p, state) is not None]
+        if len(kept) != 1:
+            return []
+        z_form = _factor(kept[0], state)
+        z = _single(z_form)
+        if z is None or not isinstance(z[1], float):
+            return []
+        a, b = next(p for p in products if p is not kept[0])
+        return [(z_form, candidate) for one_minus_z, candidate in ((a, b), (b, a))
+                if one_minus_z.terms == {z[0]: -z[1]} and isinstance(one_minus_z.bias, float)
+                and one_minus_z.bias == 1.0]
+    if np.any(f.bias) or len(f.terms) != 2 or not all(isinstance(m, float) and m == 1.0 for m in f.terms.values()):
+        return []
+    found = []
+    for product, n in ((a, b) for a in f.terms for b in f.terms if a is not b and a.kind == "mul"):
+        difference = Form({state: 1.0, n: -1.0})  # h - n
+        found += [(z_form, _leaf(n)) for z_form, other in (product.args, product.args[::-1])
+                  if _same(other, difference)]
+    return found
 
 
 def _reset(state: Atom, update: tuple, hidden: tuple) -> _Cell | None:
