@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py                  # the full suite: 592 single-node rows (about 9 minutes with
                                                    # --no-compile on 2 idle cores; compiling every case is slow)
-    .venv/bin/python bench/run.py --suite quick    # 19 cases, both thread counts, for iteration (about 2 minutes)
+    .venv/bin/python bench/run.py --suite quick    # 27 cases, both thread counts, for iteration (about 3 minutes)
     options: --threads 1 2 (the default), --no-compile, --no-models, --no-train, --no-reexport, --no-conversion,
              --filter REGEX (cases whose name matches), --budget SECONDS (timing per variant and row),
              --out FILE (bench/results/<suite>.md)
@@ -12,8 +12,9 @@ for a descheduled thread (100x slowdowns seen) while onnxruntime's thread pool d
 
 Every case is one ONNX model: a single LSTM/GRU/RNN node (the matrix: op, direction, hidden, sequence, batch, with
 and without sequence_lens, plus one exact-path case per op: peepholes, clip, a non-default activation), a 2-layer
-bidirectional LSTM exported by torch.onnx (made here), the bundled example tagger, dynamo's tagger and a PackedSequence
-LSTM (tests/models/torch), and Keras models exported by tf2onnx (tests/models/keras, when present). For each case the
+bidirectional LSTM exported by torch.onnx (made here), the bundled example tagger, dynamo's tagger, a PackedSequence
+LSTM and dynamo's unrolled nn.RNN (tests/models/torch), and Keras models exported by tf2onnx (tests/models/keras, when
+present; Loops of one cell step and unroll=True layers among them). For each case the
 script converts the model, checks every output of the
 converted module (eager and torch.compile'd) against onnxruntime (a mismatch fails the run: speed never trades
 correctness), then times, interleaved round by round so that machine noise hits all of them alike:
@@ -212,6 +213,9 @@ def model_cases() -> list[Case]:
                            # tf2onnx's Loops of one cell step (masking, GRU reset_after=False, SimpleRNN)
                            keras / "tf_keras_masking_gru.onnx", keras / "keras3_gru_reset_before.onnx",
                            keras / "keras3_simple_rnn.onnx")]
+    # Keras unroll=True: one cell step per time step written out (6 steps), recognised by unrolled_cells
+    cases += [file_case(f"Keras {path.stem} T6 B1", path, {"0": 1})
+              for path in (keras / "tf_keras_unrolled_stacked.onnx", keras / "keras3_unrolled_bi_gru_concat.onnx")]
     return [c for c in cases if c is not None]
 
 
