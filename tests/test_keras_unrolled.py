@@ -96,6 +96,20 @@ def test_unrolled_keras_layer_compiles_in_one_graph(file):
         compare_with_onnxruntime(compiled, model, feeds)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("file", ["keras3_unrolled_bi_gru_concat.onnx", "tf_keras_unrolled_lstm_go_backwards.onnx",
+                                  "tf_keras_unrolled_stacked.onnx", "keras3_unrolled_lstm_state.onnx"])
+def test_unrolled_keras_layer_exports_with_dynamic_batch(file):
+    """torch.export with a dynamic batch (the number of steps is the model's): one program for every batch size."""
+    model = onnx.load(FOLDER / file)
+    sets = input_sets(file)
+    batch = torch.export.Dim("batch", min=1)
+    exported = torch.export.export(onnx2torch_rnn.convert(model), (torch.from_numpy(sets[0]["x"]),),
+                                   dynamic_shapes=[{0: batch}]).module()
+    for feeds in sets:
+        compare_with_onnxruntime(exported, model, feeds)
+
+
 def top_level(module) -> list[str]:
     """The converted module's top-level modules in call order (recurrent ones and what glue is left)."""
     return [type(module.get_submodule(n.target)).__name__ for n in module.graph.nodes if n.op == "call_module"]
