@@ -1,9 +1,10 @@
 """Keras recurrent layers with unroll=True (tests/models/keras/*_unrolled_*.onnx, tf2onnx 1.17 of Keras 3 and
 tf_keras): tf2onnx writes T copies of the cell step in the main graph (x transposed to time-major and Split, each
 step's h Unsqueezed and Concatenated, Y transposed back). Recognition (passes/unrolled.py) makes each layer and
-direction one recurrent module again (a LoopedRecurrent, or a StackedRecurrent that absorbs the Transposes where
-nothing else reads the layer's final states): it matches onnxruntime on the original graph, leaves no per-step op,
-trains like the graph as written (fuse=False) and compiles in one graph.
+direction one recurrent module again, and the glue that only moves data goes with them: one StackedRecurrent
+absorbs the Transposes around and between layers and the ReverseSequence after a Bidirectional's backward layer
+(only go_backwards' Y in processing order stays a LoopedRecurrent with its Transposes): it matches onnxruntime on the
+original graph, leaves no per-step op, trains like the graph as written (fuse=False) and compiles in one graph.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import onnx2torch_rnn
-from onnx2torch_rnn.recurrent import LoopedRecurrent
+from onnx2torch_rnn.recurrent import LoopedRecurrent, StackedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
 from tests.helpers import assert_fused_trains_like_literal, recurrent_modules
 
@@ -39,6 +40,12 @@ LAYERS = {
 # step); in the Bidirectional the graph's ReverseSequence turns the backward layer's Y back, the Transposes between
 # cancel, and the two directions are one bidirectional layer
 Y_BACKWARDS = {"unrolled_lstm_go_backwards": [True]}
+# the converted module's top-level modules: one StackedRecurrent absorbs the Transposes around the layers, between
+# them (they cancel: LSTM -> GRU is one stack) and after a Bidirectional's backward layer (with the ReverseSequence
+# that undoes its Y in processing order), and gives return_state's [N, H] final states; go_backwards' Y in processing
+# order keeps a LoopedRecurrent with its Transposes
+TOP_LEVEL = {case: ["StackedRecurrent"] for case in LAYERS} | {
+    "unrolled_lstm_go_backwards": ["Transpose", "LoopedRecurrent", "Transpose"]}
 PER_STEP = {"MatMul", "Gemm", "Split", "Squeeze", "Unsqueeze", "Sigmoid", "Tanh", "Relu", "Mul", "Sub", "Add"}
 
 
@@ -69,6 +76,7 @@ def test_unrolled_keras_layer_becomes_one_module_per_layer_and_direction(file):
               m.config.linear_before_reset, m.config.direction) for m in recurrent_modules(module)]
     assert found == LAYERS[case]
     assert [c.y_backwards for c in looped(module)] == Y_BACKWARDS.get(case, [False] * len(looped(module)))
+    assert top_level(module) == TOP_LEVEL[case]
     assert not PER_STEP & set(literal_ops(module)), literal_ops(module)
     sets = input_sets(file)
     assert {s["x"].shape[0] for s in sets} == {2, 3}
@@ -199,3 +207,18 @@ def test_transposes_cancel_where_their_perms_compose_to_the_identity():
     assert _undoes([1, 0, 2], [1, 0, 2]) and _undoes([2, 0, 1], [1, 2, 0]) and _undoes([1, 2, 0], [2, 0, 1])
     assert not _undoes([1, 2, 0], [1, 2, 0]) and not _undoes([0, 2, 1], [1, 0, 2]) and not _undoes(None, [1, 0, 2])
     assert not _undoes([0, 1], [1, 0, 2]) and not _undoes([0, 0, 1], [0, 1, 2])
+
+
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_stack_stays_apart_where_the_value_between_layers_is_read(flavour):
+    """The LSTM layer's batch-major Y (between the Transposes that cancel) also an output: two stacks, the GRU's
+    reading it batch-major (the Transposes stay apart, each in its own stack)."""
+    file = f"{flavour}_unrolled_stacked.onnx"
+    model = onnx.load(FOLDER / file)
+    between = next(n for n in model.graph.node if n.op_type == "Transpose" and "gru" in n.name).input[0]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(between, onnx.TensorProto.FLOAT, ["batch", 6, 6]))
+    module = onnx2torch_rnn.convert(model)
+    assert top_level(module) == ["StackedRecurrent", "StackedRecurrent"]
+    assert [len(m.layers) for m in module.modules() if isinstance(m, StackedRecurrent)] == [1, 1]
+    for feeds in input_sets(file):
+        compare_with_onnxruntime(module, model, feeds)

@@ -232,6 +232,33 @@ def test_the_stack_op_takes_every_stack_argument(flags, steps, batch, dtype, len
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_stack_squeezes_the_final_states_of_one_direction(native):
+    """squeeze_states: h_n / c_n as [N, H] (Keras's return_state), the last layer's one direction's, on either path;
+    refused where the final states hold more than one direction."""
+    from onnx2torch_rnn.recurrent import OnnxGRU, OnnxLSTM
+
+    rng = np.random.default_rng(1)
+    layers = [_layer(OnnxGRU, 3, "bidirectional", rng, torch.float32, outputs=[True, True]),
+              _layer(OnnxLSTM, 8, "forward", rng, torch.float32, outputs=[True, True, True])]
+    kwargs = {"batch_first": True, "last_states": True, "outputs": (True, True, True)}
+    plain, squeezed = (StackedRecurrent(layers, **kwargs, squeeze_states=s).eval() for s in (False, True))
+    x = torch.randn(2, 5, 3)
+    with torch.no_grad():
+        handle = None if native else layers[1].register_forward_hook(lambda *_: None)
+        want, got = plain(x), squeezed(x)
+        if handle is not None:
+            handle.remove()
+    assert [tuple(t.shape) for t in got] == [(5, 2, 4), (2, 4), (2, 4)]  # y time-major: no batch_first_output
+    for a, b in zip(got, (want[0], want[1][0], want[2][0]), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert "squeeze_states=True" in repr(squeezed)
+    with pytest.raises(ValueError, match="squeeze_states"):
+        StackedRecurrent(layers, squeeze_states=True)  # both layers' states
+    with pytest.raises(ValueError, match="squeeze_states"):
+        StackedRecurrent(layers[:1], squeeze_states=True)  # two directions
+
+
 def test_fused_module_meta_codegen_and_bisect(tmp_path):
     module = onnx2torch_rnn.convert(EXAMPLE)
     fusion, classifier = fused(module)

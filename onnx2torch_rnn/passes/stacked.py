@@ -59,6 +59,7 @@ class _Stack:
     final_states: str = ""  # what h_n / c_n hold: "all" layers' (Concat), "last" layer's only (paddle2onnx)
     sources: list[str] = field(default_factory=list)  # run-time values that initial states are taken from
     outputs: list[str | None] = field(default_factory=list)
+    squeeze_states: bool = False  # h_n / c_n as [N, H]: one direction's, read so (Keras's return_state)
     window: tuple | None = None  # the steps of x each direction of the first layer reads (unrolled.py), None: all
 
     def source(self, name: str) -> int:
@@ -394,6 +395,20 @@ def _final_states(view: GraphView, stack: _Stack, index: int) -> str | bool | No
     return concat.output[0]
 
 
+def squeezed_states(view: GraphView, stack: _Stack, finals: list[str | None]) -> list[str | None]:
+    """The stack's h_n / c_n (``finals``, None where not read), or, where they hold one direction's states and each is
+    read only by a Squeeze of axis 0 (tf2onnx's Keras return_state), those Squeezes' outputs: the stack gives them as
+    [N, H] (``squeeze_states``) and the Squeezes join it."""
+    one = stack.layers[-1].directions == 1 and (len(stack.layers) == 1 or stack.final_states == "last")
+    squeezes = [view.only_consumer(f) for f in finals if f]
+    if not one or not squeezes or not all(_op(s, "Squeeze") and _axes(view, s, 1) in ([0], [-3]) for s in squeezes):
+        return finals
+    stack.squeeze_states = True
+    stack.nodes += squeezes
+    found = iter(squeezes)
+    return [next(found).output[0] if f else None for f in finals]
+
+
 def _input_out(node: onnx.NodeProto, index: int) -> str:
     return node.output[index] if index < len(node.output) else ""
 
@@ -429,6 +444,7 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
     finals = [_final_states(view, stack, index) for index in ((1, 2) if stack.op_type == "LSTM" else (1,))]
     if any(f is False for f in finals):
         return None
+    finals = squeezed_states(view, stack, finals)
     stack.outputs = [y if y and (view.consumers.get(y) or y in view.graph_outputs) else None, *finals]
     while len(stack.outputs) > 1 and stack.outputs[-1] is None:
         stack.outputs.pop()
@@ -563,10 +579,11 @@ def convert(ctx, stack: _Stack) -> Converted:
     for index, layer in enumerate(stack.layers):
         last = index == len(stack.layers) - 1
         states = last or stack.final_states != "last"  # the layer's h_n / c_n are outputs
-        flags = [not last or wanted[0], wanted[1] and states, wanted[2] and states and stack.op_type == "LSTM"]
+        flags = [not last or wanted[0], wanted[1] and states, wanted[2] and states]  # a GRU / RNN drops the c
         modules.append(layer.build(flags) if layer.node is None else _converted_layer(ctx, layer, flags))
     lengths = [stack.lengths] if stack.lengths else []
     if len(modules) == 1 and not stack.batch_first and not stack.merge_output and not stack.sources and (
+            not stack.squeeze_states) and (
             not lengths or lengths[0] == stack.layers[0].lengths):  # one layer that only lost its zero states
         return Converted(modules[0], [stack.x, None, None, None, *lengths])
     module = StackedRecurrent(modules, batch_first=stack.batch_first, batch_first_output=stack.batch_first_output,
@@ -574,7 +591,8 @@ def convert(ctx, stack: _Stack) -> Converted:
                               initial_h=[layer.states[5] for layer in stack.layers],
                               initial_c=[layer.states.get(6) for layer in stack.layers],
                               outputs=wanted[: len(stack.outputs)], lengths=bool(lengths),
-                              last_states=stack.final_states == "last", window=stack.window)
+                              last_states=stack.final_states == "last", window=stack.window,
+                              squeeze_states=stack.squeeze_states)
     return Converted(module, [stack.x, *stack.sources, *lengths])
 
 

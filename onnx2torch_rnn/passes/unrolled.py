@@ -26,12 +26,15 @@ window of x (``LoopedRecurrent(window=...)``) and fails, as the graph does, wher
 and a direction) becomes one ``LoopedRecurrent``, unless dynamo's glue joins the chains into layers and the layers
 into a stack (``_layers``, ``_stacks``, ``_stack``): then the whole stack is one StackedRecurrent (passes/stacked.py's
 layer description and module). Proven for that: a forward and a reverse chain of the same x and cell whose Ys only
-one Concat over the features reads, in that order; a layer's Y read only by the next layer's chains, which read all
-of it; initial states zeros of [N, H] (N the first layer's batch) or, in every direction of a layer, consecutive rows
-of one value (a Squeeze of a one-row Slice along axis 0); every chain's final state read only by an Unsqueeze of
-axis 0, those (for several) by one Concat over axis 0 in the chains' order; the slicing that two directions share
-read by them alone. tf2onnx's Keras layers with unroll=True transpose the batch-major x to time-major before
-splitting it and Y back after the Concat: a StackedRecurrent absorbs them, around a LoopedRecurrent they stay. A
+one Concat over the features reads, in that order; a layer's Y read only by the next layer's chains (any cell of the
+same type), which read all of it, maybe through Transposes that cancel (tf2onnx's around each Keras layer); initial
+states zeros of [N, H] (N the first layer's batch, or the layer's own x's) or, in every direction of a layer,
+consecutive rows of one value (a Squeeze of a one-row Slice along axis 0); every chain's final state read only by an
+Unsqueeze of axis 0, those (for several) by one Concat over axis 0 in the chains' order, or only the last layer's
+(of one direction) read, Unsqueezed or as it is ([N, H], Keras's return_state: ``squeeze_states``); the slicing that
+two directions share read by them alone. tf2onnx's Keras layers with unroll=True transpose the batch-major x to
+time-major before splitting it and Y back after the Concat: a StackedRecurrent absorbs them, around a
+LoopedRecurrent (a Y in processing order) they stay. A
 chain's Y goes past Transposes that cancel (their perms compose to the identity; Shapes alone read the middle value)
 and, where it is in processing order (go_backwards), a ReverseSequence that reverses all of it (every row's length
 proven T: a Keras Bidirectional's backward layer), which puts it in x's order (``_settled``): the glue joins the
@@ -801,52 +804,64 @@ def _region(layer: list[_Chain]) -> dict[int, onnx.NodeProto]:
     return {id(n): n for chain in layer for n in [*chain.nodes, *chain.shared]}
 
 
-def _stacks(view: GraphView, layers: list[list[_Chain]]) -> list[list[list[_Chain]]]:
-    """Layers in turn: each layer's Y read by the next layer alone (its x, of the same cell, read in full)."""
+def _stacks(view: GraphView, layers: list[list[_Chain]]) -> list[tuple[list[list[_Chain]], list[onnx.NodeProto]]]:
+    """Layers in turn, with the Transposes between them that cancel (tf2onnx's, around each Keras layer): each
+    layer's Y read by the next layer alone (its x, of any cell of the same type, read in full)."""
     by_x: dict[str, list] = {}
     for layer in layers:
         by_x.setdefault(layer[0].match.x, []).append(layer)
-    following: dict[int, list[_Chain]] = {}
+    following: dict[int, tuple[list[_Chain], list[onnx.NodeProto]]] = {}
     for layer in layers:
-        y = _layer_y(view, layer)
+        y, glue = _cancelled_transposes(view, _layer_y(view, layer))
         after = by_x.get(y, []) if y not in view.graph_outputs else []
-        if len(after) == 1 and _kind(after[0][0].match) == _kind(layer[0].match) and all(
+        if len(after) == 1 and np.dtype(after[0][0].match.dtype) == np.dtype(layer[0].match.dtype) and all(
                 c.match.window is None for c in after[0]) and all(
                 id(r) in _region(after[0]) for r in view.consumers.get(y, [])):
-            following[id(layer)] = after[0]
-    followers = {id(layer) for layer in following.values()}
+            following[id(layer)] = after[0], glue
+    followers = {id(layer) for layer, _ in following.values()}
     stacks = []
     for layer in layers:
         if id(layer) not in followers:
-            stacks.append([layer])
-            while id(stacks[-1][-1]) in following:
-                stacks[-1].append(following[id(stacks[-1][-1])])
+            stacks.append(([layer], []))
+            while id(stacks[-1][0][-1]) in following:
+                after, glue = following[id(stacks[-1][0][-1])]
+                stacks[-1][0].append(after)
+                stacks[-1][1].extend(glue)
     return stacks
 
 
-def _stack(view: GraphView, layers: list[list[_Chain]]) -> _Stack | None:
-    """The stack of ``layers`` with its glue: the directions' Concats, zero or sliced initial states, the final
-    states Unsqueezed and concatenated (layer by layer, forward first), Transposes to and from batch-major; None
-    where some part is not that (or there is no glue: one chain stays as it is)."""
+def _stack(view: GraphView, layers: list[list[_Chain]], glue: list[onnx.NodeProto]) -> _Stack | None:
+    """The stack of ``layers`` with its glue: the directions' Concats, the Transposes between layers that cancel
+    (``glue``), zero or sliced initial states, the final states (``_final_states``), Transposes to and from
+    batch-major; None where some part is not that (or there is no glue: one chain stays as it is)."""
     matches = [c.match for layer in layers for c in layer]
     if any(m.y_backwards for m in matches):
         return None  # a Y in processing order (Keras's go_backwards): the stack writes it in x's order
     first = matches[0]
-    stack = _Stack(first.cell.op_type, [], [d for layer in layers if (d := _directions(view, layer))], first.x,
-                   merge_output=True, final_states="all")
-    batch = _dim(view, first.x, 1)  # every layer's: each keeps its x's batch
+    cells = list(dict.fromkeys(m.cell.op_type for m in matches))
+    stack = _Stack("+".join(cells), [], [*(d for layer in layers if (d := _directions(view, layer))), *glue],
+                   first.x, merge_output=True)
+    batch = _dim(view, first.x, 1)  # every layer's: each keeps its x's batch (so does its own x's batch dim)
     for layer in layers:
         own = [c.match for c in layer]
-        states = {k: _initial_rows(view, stack, own, role, batch)
-                  for k, role in ((5, "h"), (6, "c"))[: 2 if first.cell.op_type == "LSTM" else 1]}
+        batches = (batch, _dim(view, own[0].x, 1))
+        states = {k: _initial_rows(view, stack, own, role, batches)
+                  for k, role in ((5, "h"), (6, "c"))[: 2 if own[0].cell.op_type == "LSTM" else 1]}
         if False in states.values() or not _shared_inside(view, layer):
             return None
         stack.layers.append(_Layer(None, len(own), own[0].weights[3], "", states,
                                    build=lambda outputs, own=own: recurrent_layer(own, outputs)))
-    region = {k: n for layer in layers for k, n in _region(layer).items()}
-    finals = [_final_states(view, stack, [m.outputs[k] for m in matches], region) for k in (1, 2)]
-    if False in finals:
+    region = {k: n for layer in layers for k, n in [*_region(layer).items(), *((id(n), n) for n in glue)]}
+    if not all(_private(view, n.input[0], region, dropped=True) for n in glue):
+        return None  # a Shape of the value between two Transposes feeds something else
+    finals = [_final_states(view, stack, [m.outputs[k] for m in matches], region, len(layers[-1]) == 1)
+              for k in (1, 2)]
+    modes = {f[1] for f in finals if f}
+    if False in finals or len(modes) > 1:
         return None
+    stack.final_states = "all" if modes <= {"all"} else "last"
+    stack.squeeze_states = modes == {"squeezed"}
+    finals = [f[0] if f else None for f in finals]
     windows = [c.match.window for c in layers[0]]
     stack.window = None if windows == [None] * len(windows) else tuple(w or (0, None) for w in windows)
     batch_first(view, stack, set(_region(layers[0])))
@@ -866,13 +881,13 @@ def _shared_inside(view: GraphView, layer: list[_Chain]) -> bool:
                    for chain in layer for n in chain.shared for o in n.output)
 
 
-def _initial_rows(view: GraphView, stack: _Stack, matches: list[_Match], role: str, batch):
+def _initial_rows(view: GraphView, stack: _Stack, matches: list[_Match], role: str, batches: tuple):
     """Where a layer's initial h or c comes from (stacked._Layer.states): None for zeros of [N, H] in every
-    direction (N the stack's batch), (k, start, end) where direction d's is row start + d of the stack's k-th source
-    (Squeezed from a Slice of one row along axis 0), False otherwise."""
+    direction (N one of ``batches``, canonical forms of the stack's batch), (k, start, end) where direction d's is
+    row start + d of the stack's k-th source (Squeezed from a Slice of one row along axis 0), False otherwise."""
     names = [m.initial.get(role) for m in matches]
     hidden = matches[0].weights[3]
-    if all(n is None or _zero_state(view, n) == [batch, hidden] for n in names):
+    if all(n is None or _zero_state(view, n) in ([b, hidden] for b in batches) for n in names):
         return None
     rows = [_row(view, n) if n else None for n in names]
     if None in rows or len({source for source, _ in rows}) != 1 or [r for _, r in rows] != list(
@@ -891,27 +906,32 @@ def _row(view: GraphView, name: str) -> tuple[str, int] | None:
     return piece.input[0], rows[0]
 
 
-def _final_states(view: GraphView, stack: _Stack, values: list[str | None], region: dict) -> str | bool | None:
-    """The stack's h_n or c_n [L*D, N, H]: every chain's final state [N, H] Unsqueezed (its one reader outside the
-    chains' ``region``) and, for more than one, those concatenated in the chains' order; None where no chain's is
-    read, False where they are read otherwise."""
+def _final_states(view: GraphView, stack: _Stack, values: list[str | None], region: dict,
+                  last_alone: bool) -> tuple[str, str] | bool | None:
+    """The stack's h_n or c_n and what it holds: every chain's final state [N, H] Unsqueezed (its one reader outside
+    the chains' ``region``) and, for more than one, those concatenated in the chains' order ("all"); or, where only
+    the last chain's is read and it is the last layer's one direction (``last_alone``), its Unsqueeze ("last") or
+    the state itself, read by anything ("squeezed": Keras's return_state). None where no chain's is read, False
+    where they are read otherwise."""
     if not any(values):
         return None
     outside = [[r for r in view.consumers.get(v, []) if id(r) not in region] if v else [] for v in values]
-    unsqueezes = [r[0] if len(r) == 1 else None for r in outside]
-    if any(v in view.graph_outputs for v in values) or not all(
-            _op(u, "Unsqueeze") and _axes(view, u, 1) == [0] for u in unsqueezes):
+    unsqueezes = [r[0] if len(r) == 1 and _op(r[0], "Unsqueeze") and _axes(view, r[0], 1) == [0]
+                  and v not in view.graph_outputs else None for r, v in zip(outside, values, strict=True)]
+    if last_alone and not any(values[:-1]):
+        if unsqueezes[-1] is None:
+            return values[-1], "squeezed"
+        stack.nodes.append(unsqueezes[-1])
+        return unsqueezes[-1].output[0], "last"
+    if None in unsqueezes:
         return False
     joined = [u.output[0] for u in unsqueezes]
-    if len(joined) == 1:
-        stack.nodes += unsqueezes
-        return joined[0]
     concat = view.only_consumer(joined[0])
     if not (_op(concat, "Concat") and attribute(concat, "axis") in (0, -3) and list(concat.input) == joined
             and all(view.only_consumer(v) is concat for v in joined)):
         return False
     stack.nodes += [*unsqueezes, concat]
-    return concat.output[0]
+    return concat.output[0], "all"
 
 
 @register_pattern("unrolled_cells")
@@ -928,8 +948,8 @@ def unrolled_cells(view: GraphView):
             taken |= {id(n) for n in chain.nodes}
             _settled(view, chain)
             chains.append(chain)
-    for layers in _stacks(view, _layers(view, chains)):
-        stack = _stack(view, layers)
+    for layers, glue in _stacks(view, _layers(view, chains)):
+        stack = _stack(view, layers, glue)
         if stack is not None:
             # the first chain's nodes first: the fused node is named after its first node, as a chain's is
             nodes = [*(n for layer in layers for n in _region(layer).values()), *stack.nodes]

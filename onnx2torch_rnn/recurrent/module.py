@@ -197,7 +197,8 @@ class StackedRecurrent(Module):
     all of it). With ``lengths``, the last argument is every layer's sequence_lens. Returns, as ``outputs`` asks: y,
     the last layer's output ([T, N, D*H]; [N, T, D*H] with ``batch_first_output``; its Y as is, [T, D, N, H],
     without ``merge_output``), then h_n and c_n, the layers' Y_h and Y_c concatenated (the last layer's alone with
-    ``last_states``, as paddle2onnx writes them).
+    ``last_states``, as paddle2onnx writes them; [N, H] with ``squeeze_states``, where they are one direction's, as
+    Keras's return_state gives them).
     With ``window``, one (start, stop) per direction of the first layer, that direction reads ``x[start:stop]`` only
     (an unrolled layer, ``passes/unrolled.py``: dynamo's forward reads the first steps it unrolled, its reverse the
     last ones), and x must have those steps, as the unrolled graph requires.
@@ -207,11 +208,13 @@ class StackedRecurrent(Module):
                  merge_output: bool = True, initial_h: Sequence[tuple[int, int | None, int | None] | None] = (),
                  initial_c: Sequence[tuple[int, int | None, int | None] | None] = (),
                  outputs: Sequence[bool] = (True,), lengths: bool = False, last_states: bool = False,
-                 window: Sequence[tuple[int, int | None]] | None = None):
+                 window: Sequence[tuple[int, int | None]] | None = None, squeeze_states: bool = False):
         super().__init__()
         if window is not None and lengths:
             raise ValueError("a stack reads either a window of x or lengths, not both")
-        self.lengths, self.last_states = lengths, last_states
+        if squeeze_states and ((len(layers) > 1 and not last_states) or layers[-1].config.direction == "bidirectional"):
+            raise ValueError("squeeze_states needs the final states of one direction (last_states, or one layer)")
+        self.lengths, self.last_states, self.squeeze_states = lengths, last_states, squeeze_states
         self.window = None if window is None else tuple(tuple(w) for w in window)
         self.layers = nn.ModuleList(layers)
         self.batch_first, self.batch_first_output, self.merge_output = batch_first, batch_first_output, merge_output
@@ -227,6 +230,8 @@ class StackedRecurrent(Module):
         if results is None:
             results = self._layer_by_layer(x, lengths, initial_h, initial_c)
         results = tuple(r if wanted else None for r, wanted in zip(results, self.outputs, strict=False))
+        if self.squeeze_states:
+            results = tuple(r[0] if k and r is not None else r for k, r in enumerate(results))
         return results[0] if len(results) == 1 else results
 
     def _layer_by_layer(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list) -> tuple:
@@ -332,6 +337,8 @@ class StackedRecurrent(Module):
             parts.append("lengths=True")
         if self.last_states:
             parts.append("last_states=True")
+        if self.squeeze_states:
+            parts.append("squeeze_states=True")
         if self.window is not None:
             parts.append(f"window={list(self.window)}")
         for name in ("initial_h", "initial_c"):

@@ -18,11 +18,13 @@ import onnx
 import pytest
 import torch
 
+import onnx2torch_rnn
 from onnx2torch_rnn.modules.control_flow import Loop, Scan
 from tests.exporters.common import (
     MODELS,
     assert_weights_are_parameters,
     check_exported,
+    compare_with_onnxruntime,
     manifest_input_sets,
     read_manifest,
 )
@@ -96,3 +98,31 @@ def test_masked_loop_trains_through_the_mask():
     assert bool((grad[[1, 2, 3, 4, 5, 7]] > 0).all())
     assert float(grad[[6, 8, 9, 10, 11]].abs().sum()) == 0.0  # tokens never fed
     np.testing.assert_array_equal(grad[0].numpy(), 0.0)  # padding (row 0 of the table) never reaches the state
+
+
+def _top_level(module) -> list[str]:
+    return [type(module.get_submodule(n.target)).__name__ for n in module.graph.nodes if n.op == "call_module"]
+
+
+@pytest.mark.parametrize("file, expected", [
+    ("keras3_lstm_state.onnx", ["StackedRecurrent"]),
+    ("tf_keras_lstm_state.onnx", ["StackedRecurrent"]),
+    ("tf_keras_gru_last_state.onnx", ["StackedRecurrent", "Slice", "Squeeze"]),  # Y's last step stays a Slice
+])
+def test_return_state_squeezes_join_the_stack(file, expected):
+    """return_state's Y_h / Y_c [1, N, H], each read only by a Squeeze of axis 0: the stack gives them as [N, H]."""
+    entry = ENTRIES[file]
+    module = check_exported(FOLDER / file, manifest_input_sets(FOLDER, entry, MANIFEST["sizes"]))
+    assert _top_level(module) == expected
+
+
+def test_return_state_squeeze_stays_where_the_state_is_read_as_it_is():
+    """The LSTM's Y_h also an output as [1, N, H]: both Squeezes stay (h_n and c_n come out alike)."""
+    model = onnx.load(FOLDER / "keras3_lstm_state.onnx")
+    lstm = next(n for n in model.graph.node if n.op_type == "LSTM")
+    model.graph.output.append(onnx.helper.make_tensor_value_info(lstm.output[1], onnx.TensorProto.FLOAT,
+                                                                 [1, "batch", 6]))
+    module = onnx2torch_rnn.convert(model)
+    assert _top_level(module) == ["StackedRecurrent", "Squeeze", "Squeeze"]
+    for feeds in manifest_input_sets(FOLDER, ENTRIES["keras3_lstm_state.onnx"], MANIFEST["sizes"]):
+        compare_with_onnxruntime(module, model, feeds)
