@@ -29,7 +29,7 @@ from .checking import DEFAULT_INT_RANGE, _numpy, compare_arrays, index_ranges
 from .codegen import quiet_torch
 from .errors import ExportError
 from .onnx_rewrite import EXPORTER_OPSET, has_half_precision, lower_opset, opset_of, restore_interface
-from .recurrent import onnx_translation_table
+from .recurrent import onnx_translation_table, steps_read
 from .signature import OnnxSignature, example_inputs, recorded
 
 DEFAULT_SIZE = 4  # example size of a dynamic dim that the caller does not set
@@ -55,7 +55,8 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
     module's current weights.
 
     - ``example_inputs`` (in the module's input order) are traced; by default they are made from the recorded input
-      specs, each symbolic dim of size ``dims[name]`` (names as in the original model; default 4).
+      specs, each symbolic dim of size ``dims[name]`` (names as in the original model; default 4, or the steps that
+      an unrolled layer reads where that is more).
     - ``dynamic``: which of the original's symbolic dims stay dynamic: all (True), none (False) or those named; the
       others are exported at their example size.
     - ``opset``: default the original's (at most 18, the exporter's), else the lowest above it that ONNX's version
@@ -71,7 +72,9 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
         raise ExportError("the module has no recorded ONNX signature: to_onnx writes modules made by "
                           "onnx2torch_rnn.convert")
     axes = _dynamic_axes(signature, dynamic)
-    args = tuple(example_inputs) if example_inputs is not None else _example(signature, dims)
+    # a dynamic dim's default example size: at least the steps unrolled layers read (dynamo's unrolled nn.RNN)
+    size = max(DEFAULT_SIZE, steps_read(module))
+    args = tuple(example_inputs) if example_inputs is not None else _example(signature, dims, size)
     _check_examples(signature, args, axes)
     was_training = module.training
     module.eval()  # ONNX semantics are inference semantics (BatchNormalization)
@@ -104,9 +107,9 @@ def _dynamic_axes(signature: OnnxSignature, dynamic: bool | Collection[str]) -> 
             for spec, axes in zip(signature.inputs, symbolic, strict=True)]
 
 
-def _example(signature: OnnxSignature, dims: Mapping[str, int] | None) -> tuple[torch.Tensor, ...]:
+def _example(signature: OnnxSignature, dims: Mapping[str, int] | None, size: int) -> tuple[torch.Tensor, ...]:
     try:
-        return example_inputs(signature, dims, DEFAULT_SIZE)
+        return example_inputs(signature, dims, size)
     except ValueError as error:
         raise ExportError(str(error)) from None
 

@@ -158,6 +158,21 @@ def test_exporter_model_round_trips(folder, entry, sizes, tmp_path):
         "the written model has the fine-tuned weights, not the original ones"
 
 
+def test_an_unrolled_model_exports_at_the_steps_it_reads_by_default(tmp_path):
+    """dynamo's unrolled nn.RNN reads 5 steps (its fused stack's window): the default example has them, where the
+    default size 4 could not be traced."""
+    model = onnx.load(MODELS / "torch" / "dynamo_rnn_relu_l2_bi_bf.onnx")
+    module = onnx2torch_rnn.convert(model)
+    summary = to_onnx(module, tmp_path / "model.onnx")
+    assert summary.checked_shapes[0] == [[5, 5, 6]]
+    # the first layer's directions read the first and the last 5 steps of a dynamic time: one RNN node each
+    assert summary.recurrent_nodes == 3
+    x = np.random.default_rng(0).standard_normal((3, 5, 6)).astype(np.float32)
+    for got, want in zip(run_onnxruntime(tmp_path / "model.onnx", {"x": x}),
+                         run_onnxruntime(MODELS / "torch" / "dynamo_rnn_relu_l2_bi_bf.onnx", {"x": x}), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_listed_models_are_models_of_the_suite():
     keys = {f"{folder}/{entry['file']}" for folder in ("torch", "keras", "patterns", "quantized")
             for entry in read_manifest(MODELS / folder)["models"]}

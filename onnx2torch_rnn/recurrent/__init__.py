@@ -19,8 +19,8 @@ chooses. The converters (converters/recurrent.py) build modules from ONNX nodes.
 """
 
 from .cells import InvalidAttribute
-from .module import LoopedRecurrent, LoopedStack, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent, StackedRecurrent
+from .module import LoopedRecurrent, LoopedStack, OnnxGRU, OnnxLSTM, OnnxRNN, Recurrent, StackedRecurrent, steps_read
 from .op import onnx_translation_table
 
 __all__ = ["InvalidAttribute", "LoopedRecurrent", "LoopedStack", "OnnxGRU", "OnnxLSTM", "OnnxRNN", "Recurrent",
-           "StackedRecurrent", "onnx_translation_table"]
+           "StackedRecurrent", "onnx_translation_table", "steps_read"]

@@ -446,8 +446,20 @@ def _window(x: Tensor, window: tuple[int, int | None]) -> Tensor:
 def _check_steps(x: Tensor, windows: Sequence[tuple[int, int | None]]) -> None:
     """x must have the steps every window reads: an unrolled layer reads the steps its exporter unrolled, and the
     unrolled graph fails on fewer."""
-    needed = max(max(-start, stop or 0) for start, stop in windows)
+    needed = _steps_needed(windows)
     torch._check(x.shape[0] >= needed, lambda: f"the unrolled cell reads {needed} steps: x has fewer")
+
+
+def _steps_needed(windows: Sequence[tuple[int, int | None]]) -> int:
+    return max([0] + [max(-start, stop or 0) for start, stop in windows])  # Dynamo traces no max(default=)
+
+
+def steps_read(module: nn.Module) -> int:
+    """The fewest steps of x that every unrolled layer in ``module`` can run on (the steps its windows read; 0
+    without windows)."""
+    windows = [w for m in module.modules() if isinstance(m, StackedRecurrent | LoopedRecurrent)
+               and m.window is not None for w in (m.window if isinstance(m, StackedRecurrent) else (m.window,))]
+    return _steps_needed(windows)
 
 
 def _one_window(x: Tensor, windows: tuple) -> tuple[int, int | None] | None:
