@@ -89,7 +89,8 @@ def test_masks_with_holes(file):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("file", ["keras3_masking_gru.onnx", "tf_keras_embedding_mask_lstm.onnx",
-                                  "keras3_gru_reset_before.onnx", "tf_keras_simple_rnn.onnx", "keras3_tagger.onnx"])
+                                  "keras3_gru_reset_before.onnx", "tf_keras_simple_rnn.onnx", "keras3_tagger.onnx",
+                                  "keras3_bi_gru_sum.onnx", "keras3_gru_go_backwards.onnx"])
 def test_fused_loops_export_with_dynamic_batch_and_time_and_compile_in_one_graph(file):
     model = onnx.load(KERAS / file)
     module = onnx2torch_rnn.convert(model)
@@ -101,6 +102,52 @@ def test_fused_loops_export_with_dynamic_batch_and_time_and_compile_in_one_graph
     for feeds in sets[1:]:
         for runner in (exported, compiled):
             compare_with_onnxruntime(runner, model, feeds)
+
+
+def top_level(module) -> list[str]:
+    return [type(module.get_submodule(n.target)).__name__ for n in module.graph.nodes if n.op == "call_module"]
+
+
+# a Keras backward layer's Loop reads x reversed by a ReverseSequence of all of it (and a Bidirectional reverses its Y
+# back): the reversals go with the Loop, a reverse layer over x (Y in processing order unless reversed back)
+BACKWARD = {
+    "keras3_bi_gru_sum.onnx": (["Transpose", "LoopedRecurrent", "LoopedRecurrent", "Function", "Transpose"],
+                               [("forward", False), ("reverse", False)]),
+    "keras3_bi_rnn_last.onnx": (["Transpose", "LoopedRecurrent", "LoopedRecurrent", "Slice", "Squeeze", "Slice",
+                                 "Squeeze", "Concat"], [("forward", False), ("reverse", True)]),
+    "tf_keras_bi_rnn_last.onnx": (["Transpose", "LoopedRecurrent", "LoopedRecurrent", "Slice", "Squeeze", "Slice",
+                                   "Squeeze", "Concat"], [("forward", False), ("reverse", True)]),
+    "keras3_gru_go_backwards.onnx": (["Transpose", "LoopedRecurrent", "Slice", "Squeeze"], [("reverse", True)]),
+}
+
+
+@pytest.mark.parametrize("file", sorted(BACKWARD))
+def test_backward_loops_read_x_in_its_own_order(file):
+    model = onnx.load(KERAS / file)
+    module = onnx2torch_rnn.convert(model)
+    modules, directions = BACKWARD[file]
+    assert top_level(module) == modules
+    assert sorted((c.layer.config.direction, c.y_backwards) for c in looped(module)) == directions
+    for feeds in input_sets(file):
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def test_backward_loop_keeps_a_reversal_of_given_lengths():
+    """The reversal of x and of Y read Min(T, given lengths): both stay, the Loop a forward layer over them."""
+    file = "keras3_bi_gru_sum.onnx"
+    model = onnx.load(KERAS / file)
+    for k, reverse in enumerate([n for n in model.graph.node if n.op_type == "ReverseSequence"]):
+        model.graph.node.insert(list(model.graph.node).index(reverse), onnx.helper.make_node(
+            "Min", [reverse.input[1], "lengths"], [f"given_lengths_{k}"]))
+        reverse.input[1] = f"given_lengths_{k}"
+    model.graph.input.append(onnx.helper.make_tensor_value_info("lengths", onnx.TensorProto.INT64, ["batch"]))
+    module = onnx2torch_rnn.convert(model)
+    assert top_level(module).count("ReverseSequence") == 2
+    assert [(c.layer.config.direction, c.y_backwards) for c in looped(module)] == [("forward", False)] * 2
+    for k, feeds in enumerate(input_sets(file)):
+        time = feeds["x"].shape[1]
+        feeds["lengths"] = np.array([time, 2, 1][: len(feeds["x"])] if k else [time] * len(feeds["x"]), np.int64)
+        compare_with_onnxruntime(module, model, feeds)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,6 +16,12 @@ the scan output is the new h (masked: the new h or the previous output / zero); 
 given; weights are read by nothing else. Where the body selects by the mask with Mul and Add (``m * new + (1 - m) *
 old``, tf2onnx's SelectV2) the recurrent node selects exactly: they differ only where a state is inf or NaN. The
 evaluator and the cell equations are passes/cells.py's (scans.py and unrolled.py use them too).
+
+A Keras backward layer (go_backwards, a Bidirectional's second half) loops forwards over x reversed by a
+ReverseSequence of all of it (every row's length proven dim 0): that is the reverse direction over x with Y in
+processing order, and the reversal goes with the loop (``_reversed_x``; not with a mask). A Y in processing order
+that a ReverseSequence of all of it reverses back (through Transposes that cancel) is Y in x's order: that glue goes
+with it too (``settled``, unrolled.py's chains use it as well).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from .cells import (
     _same,
     _weights,
 )
-from .stacked import _dim, _op, _rank, _shape_vector
+from .stacked import _cancelled_transposes, _dim, _op, _rank, _shape_vector, reversal
 
 # ---------------------------------------------------------------------------------------------------------------
 # The loop: carried values, trip count, mask, outputs
@@ -267,13 +273,52 @@ def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_o
     return match
 
 
+def settled(view: GraphView, match: _Match, nodes: list[onnx.NodeProto]) -> None:
+    """Move a layer's Y past the glue that only moves it back: Transpose pairs that cancel and, for a Y in processing
+    order (y_backwards, a Keras backward layer), a ReverseSequence of all of it, which puts it in x's order again.
+    The glue joins the fusion's ``nodes`` where its values only feed them (the Shapes that compute the reversal's
+    lengths)."""
+    value, glue, backwards = match.outputs[0], [], match.y_backwards
+    while value is not None:
+        value, pairs = _cancelled_transposes(view, value)
+        glue += pairs
+        readers = view.consumers.get(value, [])
+        reverse = next((r for r in readers if reversal(view, r, value)), None)
+        if not backwards or reverse is None or value in view.graph_outputs or not all(
+                r is reverse or _op(r, "Shape") for r in readers):
+            break
+        value, backwards = reverse.output[0], False
+        glue.append(reverse)
+    region = {id(n): n for n in [*nodes, *glue]}
+    if glue and all(_private(view, n.input[0], region, dropped=True) for n in glue):
+        nodes += glue
+        match.outputs[0], match.y_backwards = value, backwards
+
+
+def _reversed_x(view: GraphView, match: _Match, nodes: list[onnx.NodeProto]) -> None:
+    """A forward loop over x reversed by a ReverseSequence of all of it (a Keras backward layer, go_backwards) is the
+    reverse direction over x writing Y in processing order: the match reads x itself and the reversal joins ``nodes``
+    where what the loop reads of it only feeds them (not with a mask, which the loop reads in its own order)."""
+    reverse = view.producer.get(match.x)
+    if match.mask is not None or match.direction != "forward" or match.y_backwards or reverse is None or not (
+            reversal(view, reverse, reverse.input[0])):
+        return
+    if _private(view, match.x, {id(n): n for n in [*nodes, reverse]}, dropped=True):
+        nodes.append(reverse)
+        match.x, match.direction, match.y_backwards = reverse.input[0], "reverse", True
+
+
 @register_pattern("loop_cells")
 def loop_cells(view: GraphView):
     """tf2onnx's Loops over time of one LSTM / GRU / SimpleRNN cell step (Keras layers, masked or not)."""
     for node in view.nodes:
         match = _match(view, node) if _op(node, "Loop") else None
         if match is not None:
-            yield fusion("loop_cells", f"{match.cell.op_type} loop", node, match)
+            nodes = [node]
+            _reversed_x(view, match, nodes)
+            settled(view, match, nodes)
+            yield Fusion("loop_cells", f"{match.cell.op_type} loop", nodes, _runtime(match), match.outputs,
+                         lambda ctx, match=match: _convert(ctx, match))
 
 
 def fusion(pattern: str, op_type: str, node: onnx.NodeProto, match: _Match) -> Fusion:

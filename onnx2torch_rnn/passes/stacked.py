@@ -173,6 +173,17 @@ def _undoes(perm: list[int] | None, first: list[int]) -> bool:
     return perm is not None and sorted(perm) == identity and [first[k] for k in perm] == identity
 
 
+def reversal(view: GraphView, node: onnx.NodeProto | None, value: str) -> bool:
+    """A ReverseSequence of ``value`` [T, N, ...] along axis 0 that reverses all of it: every row's length T (tf2onnx's
+    ReverseV2: an Expand of dim 0 to [N])."""
+    if not (_op(node, "ReverseSequence") and node.input[0] == value and attribute(node, "time_axis", 0) == 0
+            and attribute(node, "batch_axis", 1) == 1):
+        return False
+    lengths = view.producer.get(node.input[1])
+    return _op(lengths, "Expand") and _shape_vector(view, lengths.input[0]) == [_dim(view, value, 0)] and (
+        _shape_vector(view, lengths.input[1]) == [_dim(view, value, 1)])
+
+
 _SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Mul", "Constant")
 
 

@@ -37,7 +37,7 @@ time-major before splitting it and Y back after the Concat: a StackedRecurrent a
 LoopedRecurrent (a Y in processing order) they stay. A
 chain's Y goes past Transposes that cancel (their perms compose to the identity; Shapes alone read the middle value)
 and, where it is in processing order (go_backwards), a ReverseSequence that reverses all of it (every row's length
-proven T: a Keras Bidirectional's backward layer), which puts it in x's order (``_settled``): the glue joins the
+proven T: a Keras Bidirectional's backward layer), which puts it in x's order (loops.settled): the glue joins the
 chain where all it reads only feeds it. A chain whose Y stays in processing order joins no stack (the stack writes Y
 in x's order). Not recognised: a step input
 without a time axis ([N, I] per call), a time axis other than 0, a Y written otherwise.
@@ -76,6 +76,7 @@ from .loops import (
     _runtime,
     _zero,
     recurrent_layer,
+    settled,
 )
 from .stacked import (
     _axes,
@@ -84,7 +85,6 @@ from .stacked import (
     _Layer,
     _op,
     _rank,
-    _shape_vector,
     _slice,
     _Stack,
     batch_first,
@@ -265,17 +265,6 @@ def _flip(view: GraphView, node: onnx.NodeProto | None) -> bool:
         return False
     starts, ends, axes, steps = (view.ints(v) for v in node.input[1:])
     return starts == [-1] and ends is not None and ends[0] <= -_BIG and axes == [0] and steps == [-1]
-
-
-def _reversal(view: GraphView, node: onnx.NodeProto | None, value: str) -> bool:
-    """A ReverseSequence of ``value`` [T, N, ...] along axis 0 that reverses all of it: every row's length T (tf2onnx's
-    ReverseV2: an Expand of dim 0 to [N])."""
-    if not (_op(node, "ReverseSequence") and node.input[0] == value and attribute(node, "time_axis", 0) == 0
-            and attribute(node, "batch_axis", 1) == 1):
-        return False
-    lengths = view.producer.get(node.input[1])
-    return _op(lengths, "Expand") and _shape_vector(view, lengths.input[0]) == [_dim(view, value, 0)] and (
-        _shape_vector(view, lengths.input[1]) == [_dim(view, value, 1)])
 
 
 def _projection(view: GraphView, slices: _Slices) -> tuple[str, Form, bool, list] | None:
@@ -740,28 +729,6 @@ def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, win
 # ---------------------------------------------------------------------------------------------------------------
 # Layers and stacks: chains joined by dynamo's glue
 
-def _settled(view: GraphView, chain: _Chain) -> None:
-    """Move a chain's Y past the glue that only moves it back: Transpose pairs that cancel and, for a Y in processing
-    order (y_backwards, a Keras backward layer), a ReverseSequence of all of it, which puts it in x's order again.
-    The glue joins the chain where its values only feed it (the Shapes that compute the reversal's lengths)."""
-    match = chain.match
-    value, glue, backwards = match.outputs[0], [], match.y_backwards
-    while value is not None:
-        value, pairs = _cancelled_transposes(view, value)
-        glue += pairs
-        readers = view.consumers.get(value, [])
-        reverse = next((r for r in readers if _reversal(view, r, value)), None)
-        if not backwards or reverse is None or value in view.graph_outputs or not all(
-                r is reverse or _op(r, "Shape") for r in readers):
-            break
-        value, backwards = reverse.output[0], False
-        glue.append(reverse)
-    region = {id(n): n for n in [*chain.nodes, *glue]}
-    if glue and all(_private(view, n.input[0], region, dropped=True) for n in glue):
-        chain.nodes += glue
-        match.outputs[0], match.y_backwards = value, backwards
-
-
 def _layers(view: GraphView, chains: list[_Chain]) -> list[list[_Chain]]:
     """The chains as layers: a forward and a reverse chain of the same x and cell whose Ys one Concat over the
     features joins, in that order; every other chain a layer of its own."""
@@ -946,7 +913,7 @@ def unrolled_cells(view: GraphView):
             continue
         for chain in _matches(view, slices):
             taken |= {id(n) for n in chain.nodes}
-            _settled(view, chain)
+            settled(view, chain.match, chain.nodes)
             chains.append(chain)
     for layers, glue in _stacks(view, _layers(view, chains)):
         stack = _stack(view, layers, glue)
