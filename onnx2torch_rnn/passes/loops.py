@@ -298,10 +298,12 @@ def settled(view: GraphView, match: _Match, nodes: list[onnx.NodeProto]) -> None
 def _reversed_x(view: GraphView, match: _Match, nodes: list[onnx.NodeProto]) -> None:
     """A forward loop over x reversed by a ReverseSequence of all of it (a Keras backward layer, go_backwards) is the
     reverse direction over x writing Y in processing order: the match reads x itself and the reversal joins ``nodes``
-    where what the loop reads of it only feeds them (not with a mask, which the loop reads in its own order)."""
+    where what the loop reads of it only feeds them (not with a mask, which the loop reads in its own order, nor with
+    the last output, the last step processed)."""
     reverse = view.producer.get(match.x)
-    if match.mask is not None or match.direction != "forward" or match.y_backwards or reverse is None or not (
-            reversal(view, reverse, reverse.input[0])):
+    forward = match.direction == "forward" and not match.y_backwards
+    if match.mask is not None or match.outputs[3] is not None or not forward or reverse is None or not reversal(
+            view, reverse, reverse.input[0]):
         return
     if _private(view, match.x, {id(n): n for n in [*nodes, reverse]}, dropped=True):
         nodes.append(reverse)
