@@ -494,15 +494,17 @@ KERAS_MANIFEST = read_manifest(KERAS)
 @pytest.mark.parametrize("file", ["keras3_stacked.onnx", "tf_keras_stacked.onnx"])
 def test_tf2onnx_stacked_lstm_layers_become_one_module(file):
     """tf2onnx writes each layer with zero states from Shape/Slice/Concat/Expand/Unsqueeze (int32 casts between) and
-    turns time-major and back between layers (two Transposes that cancel)."""
+    turns time-major and back between layers (two Transposes that cancel). tf_keras's GRU after them joins the stack;
+    Keras 3's is a Loop."""
     model = onnx.load(KERAS / file)
     module = onnx2torch_rnn.convert(model)
-    lstm = [f for f in fused(module) if f["op_type"] == "2-layer LSTM"]
+    op_type, count = ("2-layer LSTM", 2) if file.startswith("keras3") else ("3-layer LSTM+GRU", 3)
+    lstm = [f for f in fused(module) if f["op_type"] == op_type]
     assert len(lstm) == 1
-    layers = [n.name for n in model.graph.node if n.op_type == "LSTM"]
+    layers = [n.name for n in model.graph.node if n.op_type in ("LSTM", "GRU")]
     assert set(layers) <= set(lstm[0]["replaces"])
-    (stack,) = [s for s in stacks(module) if len(s.layers) == 2]
-    assert stack.initial_h == (None, None) and stack.initial_c == (None, None)
+    (stack,) = [s for s in stacks(module) if len(s.layers) == count]
+    assert stack.initial_h == (None,) * count and stack.initial_c == (None,) * count
     entry = next(e for e in KERAS_MANIFEST["models"] if e["file"] == file)
     for feeds in manifest_input_sets(KERAS, entry, KERAS_MANIFEST["sizes"]):
         assert_matches_onnxruntime(module, model, feeds)

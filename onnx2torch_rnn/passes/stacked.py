@@ -12,11 +12,11 @@ final states are the last layer's alone (the other layers' are read by nothing);
 length around the layers (TopK, Gathers by the permutation and its inverse). All of it becomes one StackedRecurrent
 (or, for one layer without glue, the layer's own module without its zero states).
 
-What is proven before anything fires: every layer has constant weights (folded when the graph is built), layout 0
-and the same lengths; each glue node has the attributes (or a target shape traced symbolically) that make it exactly
-the merge of directions; a value the fusion drops is read only inside it; a dropped initial state is all zeros of
-exactly [D, N, H], N proven equal to the batch dim of the first layer's input (dims compared in a canonical form,
-``_dim``); a sort is undone by its own inverse.
+What is proven before anything fires: every layer (of any cell: Keras's LSTM -> GRU) has constant weights (folded
+when the graph is built), layout 0 and the same lengths; each glue node has the attributes (or a target shape traced
+symbolically) that make it exactly the merge of directions; a value the fusion drops is read only inside it; a
+dropped initial state is all zeros of exactly [D, N, H], N proven equal to the batch dim of the first layer's input
+(dims compared in a canonical form, ``_dim``); a sort is undone by its own inverse.
 """
 
 from __future__ import annotations
@@ -436,12 +436,13 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
         between, cancelled = _cancelled_transposes(view, value)
         following = view.only_consumer(between)
         layer = _layer(view, following) if following is not None else None
-        if layer is None or following.op_type != stack.op_type or list(following.input).count(between) != 1 \
-                or following.input[0] != between or layer.lengths != first.lengths:
+        if layer is None or list(following.input).count(between) != 1 or following.input[0] != between \
+                or layer.lengths != first.lengths:  # any cell: Keras's LSTM -> GRU
             stack.merge_output = True
             break
         stack.nodes += cancelled
         stack.layers.append(layer)
+    stack.op_type = "+".join(dict.fromkeys(layer.node.op_type for layer in stack.layers))
 
     y = value if stack.merge_output else _input_out(stack.layers[-1].node, 0)
     batch = _dim(view, stack.x, 1)  # the batch of every layer: the glue keeps it
@@ -452,7 +453,8 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
 
     for layer in stack.layers:
         _states(view, stack, layer, batch)
-    finals = [_final_states(view, stack, index) for index in ((1, 2) if stack.op_type == "LSTM" else (1,))]
+    lstm = any(layer.node.op_type == "LSTM" for layer in stack.layers)
+    finals = [_final_states(view, stack, index) for index in ((1, 2) if lstm else (1,))]
     if any(f is False for f in finals):
         return None
     finals = squeezed_states(view, stack, finals)

@@ -20,6 +20,7 @@ import torch
 
 import onnx2torch_rnn
 from onnx2torch_rnn.modules.control_flow import Loop, Scan
+from onnx2torch_rnn.recurrent import StackedRecurrent
 from tests.exporters.common import (
     MODELS,
     assert_weights_are_parameters,
@@ -108,12 +109,29 @@ def _top_level(module) -> list[str]:
     ("keras3_lstm_state.onnx", ["StackedRecurrent"]),
     ("tf_keras_lstm_state.onnx", ["StackedRecurrent"]),
     ("tf_keras_gru_last_state.onnx", ["StackedRecurrent", "Slice", "Squeeze"]),  # Y's last step stays a Slice
+    ("tf_keras_stacked.onnx", ["StackedRecurrent", "Slice", "Squeeze", "Linear"]),
 ])
-def test_return_state_squeezes_join_the_stack(file, expected):
-    """return_state's Y_h / Y_c [1, N, H], each read only by a Squeeze of axis 0: the stack gives them as [N, H]."""
+def test_glue_joins_the_stack(file, expected):
+    """return_state's Y_h / Y_c [1, N, H], each read only by a Squeeze of axis 0: the stack gives them as [N, H];
+    LSTM, LSTM -> GRU is one stack of three layers."""
     entry = ENTRIES[file]
     module = check_exported(FOLDER / file, manifest_input_sets(FOLDER, entry, MANIFEST["sizes"]))
     assert _top_level(module) == expected
+    if "stacked" in file:
+        (stack,) = [m for m in module.modules() if isinstance(m, StackedRecurrent)]
+        assert [type(layer).__name__ for layer in stack.layers] == ["OnnxLSTM", "OnnxLSTM", "OnnxGRU"]
+
+
+def test_stack_of_two_cells_stays_apart_where_the_value_between_is_read():
+    """The second LSTM layer's output also a graph output: the GRU is a stack of its own."""
+    model = onnx.load(FOLDER / "tf_keras_stacked.onnx")
+    gru = next(n for n in model.graph.node if n.op_type == "GRU")
+    time_major = ["time", "batch", 6]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(gru.input[0], onnx.TensorProto.FLOAT, time_major))
+    module = onnx2torch_rnn.convert(model)
+    assert [len(m.layers) for m in module.modules() if isinstance(m, StackedRecurrent)] == [2, 1]
+    for feeds in manifest_input_sets(FOLDER, ENTRIES["tf_keras_stacked.onnx"], MANIFEST["sizes"]):
+        compare_with_onnxruntime(module, model, feeds)
 
 
 def test_return_state_squeeze_stays_where_the_state_is_read_as_it_is():
