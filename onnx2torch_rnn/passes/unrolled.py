@@ -26,20 +26,19 @@ window of x (``LoopedRecurrent(window=...)``) and fails, as the graph does, wher
 and a direction) becomes one ``LoopedRecurrent``, unless dynamo's glue joins the chains into layers and the layers
 into a stack (``_layers``, ``_stacks``, ``_stack``): then the whole stack is one StackedRecurrent (passes/stacked.py's
 layer description and module). Proven for that: a forward and a reverse chain of the same x and cell whose Ys only
-one Concat over the features reads, in that order; a layer's Y read only by the next layer's chains (any cell of the
-same type), which read all of it, maybe through Transposes that cancel (tf2onnx's around each Keras layer); initial
-states zeros of [N, H] (N the first layer's batch, or the layer's own x's) or, in every direction of a layer,
+one Concat over the features reads, in that order; a layer's Y read only by the next layer's chains (any cell, of
+the same float type), which read all of it, maybe through Transposes that cancel (tf2onnx's around each Keras layer);
+initial states zeros of [N, H] (N the first layer's batch, or the layer's own x's) or, in every direction of a layer,
 consecutive rows of one value (a Squeeze of a one-row Slice along axis 0); every chain's final state read only by an
 Unsqueeze of axis 0, those (for several) by one Concat over axis 0 in the chains' order, or only the last layer's
 (of one direction) read, Unsqueezed or as it is ([N, H], Keras's return_state: ``squeeze_states``); the slicing that
 two directions share read by them alone. tf2onnx's Keras layers with unroll=True transpose the batch-major x to
 time-major before splitting it and Y back after the Concat: a StackedRecurrent absorbs them, around a
-LoopedRecurrent (a Y in processing order) they stay. A
-chain's Y goes past Transposes that cancel (their perms compose to the identity; Shapes alone read the middle value)
-and, where it is in processing order (go_backwards), a ReverseSequence that reverses all of it (every row's length
-proven T: a Keras Bidirectional's backward layer), which puts it in x's order (loops.settled): the glue joins the
-chain where all it reads only feeds it. A chain whose Y stays in processing order joins no stack (the stack writes Y
-in x's order). Not recognised: a step input
+LoopedRecurrent (a Y in processing order) they stay. A chain's Y goes past Transposes that cancel (their perms
+compose to the identity; Shapes alone read the middle value) and, where it is in processing order (go_backwards), a
+ReverseSequence that reverses all of it (every row's length proven T: a Keras Bidirectional's backward layer), which
+puts it in x's order (loops.settled): the glue joins the chain where all it reads only feeds it. A chain whose Y
+stays in processing order joins no stack (the stack writes Y in x's order). Not recognised: a step input
 without a time axis ([N, I] per call), a time axis other than 0, a Y written otherwise.
 """
 
@@ -773,7 +772,7 @@ def _region(layer: list[_Chain]) -> dict[int, onnx.NodeProto]:
 
 def _stacks(view: GraphView, layers: list[list[_Chain]]) -> list[tuple[list[list[_Chain]], list[onnx.NodeProto]]]:
     """Layers in turn, with the Transposes between them that cancel (tf2onnx's, around each Keras layer): each
-    layer's Y read by the next layer alone (its x, of any cell of the same type, read in full)."""
+    layer's Y read by the next layer alone (its x, of any cell of the same float type, read in full)."""
     by_x: dict[str, list] = {}
     for layer in layers:
         by_x.setdefault(layer[0].match.x, []).append(layer)
