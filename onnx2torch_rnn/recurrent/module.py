@@ -190,7 +190,7 @@ class StackedRecurrent(Module):
     """Recurrent layers run in turn, each reading the previous layer's output with its directions side by side
     (Y [T, D, N, H] -> [T, N, D*H]): the multi-layer network that exporters write as one node per layer with glue
     between them (``passes/stacked.py`` recognises it). Each layer is a Recurrent module with its own path choice;
-    in eager inference on the native kernel the whole stack is one op instead (``_direct``).
+    in eager inference on the native kernel the whole stack is one op instead (``_native``).
 
     ``forward(x, *states)``: x is [T, N, I] ([N, T, I] with ``batch_first``). Layer l's initial state is
     ``initial_h[l]`` / ``initial_c[l]``: None (zeros) or (k, start, end), rows start:end of ``states[k]`` (None, None:
@@ -226,7 +226,7 @@ class StackedRecurrent(Module):
         lengths = states[-1] if self.lengths else None
         initial_h = [_rows(states, where) for where in self.initial_h]
         initial_c = [_rows(states, where) for where in self.initial_c]
-        results = self._native(x, lengths, initial_h, initial_c) if self._direct(x, states) else None
+        results = self._native(x, states, lengths, initial_h, initial_c)
         if results is None:
             results = self._layer_by_layer(x, lengths, initial_h, initial_c)
         results = tuple(r if wanted else None for r, wanted in zip(results, self.outputs, strict=False))
@@ -291,34 +291,38 @@ class StackedRecurrent(Module):
             h_n, c_n = h_n[-directions:], None if c_n is None else c_n[-directions:]
         return y.transpose(0, 1) if self.batch_first_output else y, h_n, c_n
 
-    def _direct(self, x: Tensor, states: tuple[Tensor, ...]) -> bool:
-        """Whether the stack runs as one native op (``_native``), not layer by layer: eager inference on the native
-        kernel, where the Python around each layer (its call, the transpositions between layers) costs as much as
-        its kernel at batch 1. Only where that is the same computation: every layer a Recurrent whose forward is
-        Recurrent's (a converter may give a layer another module), without hooks (they still run), the layers' own
-        constant lengths (if any) all the same."""
-        layers = self.layers
-        return (not torch.compiler.is_compiling()
-                and all(type(layer).forward is Recurrent.forward and not has_forward_hooks(layer) for layer in layers)
-                and (self.lengths or len({layer.sequence_lens for layer in layers}) == 1)
-                and native_inference(x, itertools.chain(states, self.parameters())))
-
-    def _native(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list) -> tuple | None:
+    def _native(self, x: Tensor, states: tuple[Tensor, ...], lengths: Tensor | None, initial_h: list,
+                initial_c: list) -> tuple | None:
         """(y, h_n, c_n) by the native stack op (op.py: recurrent_stack), the same computation as
-        ``_layer_by_layer`` on the layers' own ops; None where the first layer's directions read different steps of
-        x (its window), which only ``_layer_by_layer`` runs."""
-        layers, batch_first = self.layers, self.batch_first
+        ``_layer_by_layer``, in eager inference on the native kernel, where the Python around each layer (its call,
+        the transpositions between layers) costs as much as its kernel at batch 1. None (``_layer_by_layer`` runs)
+        unless that is the same computation: every layer a Recurrent whose forward is Recurrent's (a converter may
+        give a layer another module), without hooks (they still run), the layers' own constant lengths (if any) all
+        the same, the first layer's directions reading the same steps of x (its window)."""
+        if torch.compiler.is_compiling() or not native_inference(x, itertools.chain(states, self.parameters())):
+            return None
+        weights, counts, configs, constant_lengths = [], [], [], set()
+        for layer in self.layers:  # one pass: a batch-1 call notices each loop over the layers
+            if type(layer).forward is not Recurrent.forward or has_forward_hooks(layer):
+                return None
+            own = [w for w in layer.weights() if w is not None]
+            weights += own
+            counts.append(len(own))
+            configs.append(layer.op_config)
+            constant_lengths.add(layer.sequence_lens)
+        if lengths is None and constant_lengths != {None}:
+            if len(constant_lengths) > 1:
+                return None
+            lengths = buffer_dict(layer)["static_lens"]
+        batch_first = self.batch_first
         if self.window is not None:
             x = x.transpose(0, 1) if batch_first else x
             window = _one_window(x, self.window)
             if window is None:
                 return None
             x, batch_first = x[window[0]:window[1]], False
-        if lengths is None:
-            lengths = buffer_dict(layers[0])["static_lens"]
-        return op.run_stack(x, [layer.weights() for layer in layers], [layer.op_config for layer in layers], lengths,
-                            initial_h, initial_c, batch_first, self.batch_first_output, self.merge_output,
-                            self.last_states)
+        return op.run_stack(x, weights, counts, "|".join(configs), lengths, initial_h, initial_c, batch_first,
+                            self.batch_first_output, self.merge_output, self.last_states)
 
     @staticmethod
     def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:

@@ -104,12 +104,11 @@ _LIBRARY.define("recurrent_stack(Tensor X, Tensor[] weights, int[] counts, str c
                 "bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
 
 
-def run_stack(X, weights: list[list[Tensor | None]], configs: list[str], sequence_lens, initial_h: list,
+def run_stack(X, weights: list[Tensor], counts: list[int], configs: str, sequence_lens, initial_h: list,
               initial_c: list, *flags: bool):
-    """The stack op on each layer's weights (None where absent) and config."""
-    present = [[w for w in layer if w is not None] for layer in weights]
-    return _STACK(X, [w for layer in present for w in layer], [len(layer) for layer in present], "|".join(configs),
-                  sequence_lens, initial_h, initial_c, *flags)
+    """The stack op: ``weights`` every layer's in turn, ``counts`` how many each layer takes, ``configs`` the
+    layers' configs joined with "|"."""
+    return _STACK(X, weights, counts, configs, sequence_lens, initial_h, initial_c, *flags)
 
 
 def output_shapes(config: str, X, weights) -> list[tuple]:
