@@ -17,8 +17,8 @@ import torch
 
 import onnx2torch_rnn
 from onnx2torch_rnn.recurrent import LoopedRecurrent
-from tests.exporters.common import MODELS, compare_with_onnxruntime, read_manifest
-from tests.helpers import assert_fused_trains_like_literal
+from tests.exporters.common import MODELS, compare_with_onnxruntime, read_manifest, run_onnxruntime
+from tests.helpers import assert_fused_trains_like_literal, sigmoid_before_first_tanh
 
 FOLDER = MODELS / "torch_cells"
 MANIFEST = read_manifest(FOLDER)
@@ -90,3 +90,169 @@ def test_compiles_in_one_graph(file):
     compiled = torch.compile(onnx2torch_rnn.convert(model), fullgraph=True, dynamic=True, backend="eager")
     for feeds in input_sets(file)[1:3]:
         compare_with_onnxruntime(compiled, model, feeds)
+
+
+STEPPED = sorted(f for f, e in ENTRIES.items() if "_step" in e["case"])
+BATCH_FIRST = sorted(f for f, e in ENTRIES.items() if "_loop_bf" in e["case"])
+
+
+@pytest.mark.parametrize("file", STEPPED)
+def test_streaming_step_becomes_one_step(file):
+    """x [N, I] without a time axis: one LoopedRecurrent of one step reading x as it is, the states given and
+    returned as [N, H]; over a few calls, each reading the states the previous one returned."""
+    model = onnx.load(FOLDER / file)
+    (fused,) = looped(check(file, model))
+    assert fused.time_axis is None and fused.initial_h and fused.initial_c == ("lstm" in file)
+    assert fused.outputs[:3] == (False, True, "lstm" in file)
+    module, names = onnx2torch_rnn.convert(model), list(ENTRIES[file]["inputs"])
+    rng = np.random.default_rng(3)
+    for feeds in input_sets(file)[1:3]:  # batch 1 and 3
+        for _ in range(4):
+            compare_with_onnxruntime(module, model, feeds)
+            states = run_onnxruntime(model, feeds)
+            x = rng.standard_normal(feeds["x"].shape).astype(np.float32)
+            feeds = {"x": x, **dict(zip(names[1:], states, strict=True))}
+
+
+@pytest.mark.parametrize("file", BATCH_FIRST)
+def test_batch_first_loop_becomes_one_looped_recurrent(file):
+    """x[:, t] per step, the hs stacked over axis 1: one LoopedRecurrent over x's axis 1; zeros made inside forward
+    from x's batch are no inputs of it."""
+    (fused,) = looped(check(file))
+    given = "zeros" not in file
+    assert fused.time_axis == 1 and fused.initial_h == given and fused.initial_c == (given and "lstm" in file)
+
+
+@pytest.mark.parametrize("file", ["ts_lstm_step.onnx", "dynamo_rnn_tanh_step.onnx", "ts_gru_loop_bf.onnx",
+                                  "dynamo_lstm_loop_bf_zeros.onnx"])
+def test_steps_and_batch_first_loops_train_like_the_graph(file):
+    feeds = input_sets(file)[2]
+    fused, _ = assert_fused_trains_like_literal(FOLDER / file, *feeds.values())
+    weights = list(looped(fused)[0].parameters())
+    assert weights and all(isinstance(p, torch.nn.Parameter) and p.grad is not None and p.grad.abs().sum() > 0
+                           for p in weights)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("file", ["ts_gru_step.onnx", "dynamo_lstm_step.onnx", "dynamo_rnn_relu_loop_bf.onnx",
+                                  "ts_lstm_loop_bf_zeros.onnx"])
+def test_steps_and_batch_first_loops_compile_in_one_graph(file):
+    model = onnx.load(FOLDER / file)
+    compiled = torch.compile(onnx2torch_rnn.convert(model), fullgraph=True, dynamic=True, backend="eager")
+    for feeds in input_sets(file)[1:3]:
+        compare_with_onnxruntime(compiled, model, feeds)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Near-misses: each changes one proven detail of an export; its nodes stay as written and still match.
+
+def _output(graph: onnx.GraphProto, name: str) -> None:
+    graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [None, None]))
+
+
+def _sigmoid_before_tanh(graph, producer):
+    """tanh(sigmoid(.)) in the (first) step: no cell's activation."""
+    sigmoid_before_first_tanh(graph)
+
+
+def _h_minus_n_swapped(graph, producer):
+    """The GRU's new h is n + z * (n - h): no GRU."""
+    sub = next(n for n in graph.node if n.op_type == "Sub")
+    sub.input[:] = list(sub.input)[::-1]
+
+
+def _weight_read_elsewhere(graph, producer):
+    """The input kernel is a graph output too: a fused copy would untie it."""
+    _output(graph, "cell.weight_ih")
+
+
+def _middle_state_read(graph, producer):
+    """The first step's h is a graph output too: the fused node does not give it."""
+    first = next(n for n in graph.node if n.op_type in ("Tanh", "Relu") and n.input[0] in producer and
+                 producer[n.input[0]].op_type == "Add")  # an RNN's first new h
+    _output(graph, first.output[0])
+
+
+def _steps_swapped_in_y(graph, producer):
+    """Y stacks steps 0 and 1 swapped."""
+    concat = next(n for n in graph.node if n.op_type == "Concat" and len(n.input) == 5)
+    concat.input[:2] = list(concat.input[:2])[::-1]
+
+
+def _other_weights_in_one_step(graph, producer):
+    """The third step's recurrent Gemm reads a kernel of its own."""
+    gemms = [n for n in graph.node if n.op_type == "Gemm" and n.input[1] == "cell.weight_hh"]
+    weight = next(t for t in graph.initializer if t.name == "cell.weight_hh")
+    other = onnx.numpy_helper.to_array(weight) * 1.5
+    graph.initializer.append(onnx.numpy_helper.from_array(other.astype(np.float32), "other_weight_hh"))
+    gemms[2].input[1] = "other_weight_hh"
+
+
+def _state_computed(graph, producer):
+    """The step reads relu(h): its state is no graph input, so one step is no streaming call (the caller carries no
+    state)."""
+    graph.node.insert(0, onnx.helper.make_node("Relu", ["h"], ["relu_h"]))
+    for node in graph.node[1:]:
+        node.input[:] = ["relu_h" if v == "h" else v for v in node.input]
+
+
+def _state_not_returned(graph, producer):
+    """The graph returns relu(h_n), not the new state."""
+    graph.node.append(onnx.helper.make_node("Relu", ["h_n"], ["relu_h_n"]))
+    graph.output[0].name = "relu_h_n"
+
+
+NEAR_MISSES = [("ts_gru_step.onnx", _state_computed), ("dynamo_rnn_relu_step.onnx", _state_not_returned),
+               ("ts_lstm_step.onnx", _sigmoid_before_tanh), ("dynamo_gru_loop.onnx", _sigmoid_before_tanh),
+               ("dynamo_gru_step.onnx", _h_minus_n_swapped), ("ts_gru_loop_bf.onnx", _h_minus_n_swapped),
+               ("ts_rnn_tanh_step.onnx", _weight_read_elsewhere), ("dynamo_lstm_step.onnx", _weight_read_elsewhere),
+               ("ts_rnn_tanh_loop.onnx", _middle_state_read), ("dynamo_rnn_relu_loop_bf.onnx", _middle_state_read),
+               ("dynamo_lstm_loop_bf.onnx", _steps_swapped_in_y), ("ts_gru_loop.onnx", _steps_swapped_in_y),
+               ("ts_rnn_relu_loop_bf.onnx", _other_weights_in_one_step),
+               ("ts_lstm_loop.onnx", _other_weights_in_one_step)]
+
+
+@pytest.mark.parametrize("file, edit", NEAR_MISSES, ids=[f"{f}-{e.__name__}" for f, e in NEAR_MISSES])
+def test_near_misses_stay_as_written(file, edit):
+    model = onnx.load(FOLDER / file)
+    edit(model.graph, {o: n for n in model.graph.node for o in n.output})
+    module = onnx2torch_rnn.convert(model)
+    assert not looped(module) and "Gemm" in literal_ops(module)
+    for feeds in input_sets(file)[1:3]:
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def test_streaming_step_with_a_head():
+    """The new h is returned and also read by a linear head: the step is fused, the head stays."""
+    model = onnx.load(FOLDER / "ts_lstm_step.onnx")
+    weight = np.random.default_rng(4).standard_normal((8, 3)).astype(np.float32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(weight, "head_weight"))
+    model.graph.node.append(onnx.helper.make_node("MatMul", [model.graph.output[0].name, "head_weight"], ["scores"]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, ["batch", 3]))
+    module = onnx2torch_rnn.convert(model)
+    assert len(looped(module)) == 1 and literal_ops(module) == ["MatMul"]
+    for feeds in input_sets("ts_lstm_step.onnx")[1:3]:
+        compare_with_onnxruntime(module, model, feeds)
+
+
+@pytest.mark.parametrize("file, axis", [("dynamo_gru_step.onnx", None), ("ts_lstm_loop_bf.onnx", 1)])
+def test_codegen_writes_the_time_axis(file, axis, tmp_path):
+    """The generated code builds the same LoopedRecurrent, its time axis included."""
+    from onnx2torch_rnn import codegen
+
+    model = onnx.load(FOLDER / file)
+    converted = codegen.write(model, tmp_path)
+    rebuilt = codegen.load_generated(tmp_path).load()
+    assert f"time_axis={axis}" in (tmp_path / "model.py").read_text()
+    feeds = input_sets(file)[2]
+    args = [torch.from_numpy(v) for v in feeds.values()]
+    with torch.no_grad():
+        for got, want in zip(rebuilt(*args), converted(*args), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    compare_with_onnxruntime(rebuilt, model, feeds)
+
+
+def test_looped_recurrent_refuses_another_time_axis():
+    layer = looped(onnx2torch_rnn.convert(FOLDER / "ts_rnn_tanh_step.onnx"))[0].layer
+    with pytest.raises(ValueError, match="time_axis must be 0, 1 or None"):
+        LoopedRecurrent(layer, time_axis=2)

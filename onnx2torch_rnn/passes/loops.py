@@ -71,6 +71,7 @@ class _Match:
     x_backwards: bool = False  # a forward recurrence over x from its last step to its first (scans.py)
     y_backwards: bool = False  # ... writing y from its last step to its first
     window: tuple[int, int | None] | None = None  # the steps of x it reads (unrolled.py), None: all
+    time_axis: int | None = 0  # x's and y's time axis: 1 batch-first, None one step without it (unrolled.py)
 
 
 def _select(f: Form) -> tuple[Form, Form | None] | None:
@@ -146,6 +147,8 @@ def _private(view: GraphView, name: str, region: dict[int, onnx.NodeProto], *, d
     """Whether every reader of ``name`` is in the region (the nodes a fusion replaces, by id) or only feeds it (the
     fusion absorbs those): a weight the fused module copies must not be shared with anything else. ``dropped``: a
     value the fusion drops, which no reader feeding nothing may read (recognition absorbs only what feeds it)."""
+    if name in view.graph_outputs:  # the graph gives it as it is
+        return False
     pending, seen = list(view.consumers.get(name, [])), set()
     while pending:
         node = pending.pop()
@@ -349,7 +352,7 @@ def looped(match: _Match, *, feeds_next: bool = False):
     return LoopedRecurrent(layer, initial_h="h" in match.initial, initial_c="c" in match.initial,
                            mask=match.mask is not None and not match.lengths, lengths=match.lengths, outputs=wanted,
                            x_backwards=match.x_backwards, y_backwards=match.y_backwards,
-                           window=match.window)
+                           window=match.window, time_axis=match.time_axis)
 
 
 def recurrent_layer(matches: list[_Match], outputs: list[bool]):

@@ -2,11 +2,17 @@
 
 Exporters that cannot emit a recurrent op unroll it: dynamo writes nn.RNN as a MatMul of the whole input, a
 SplitToSequence over time and, per step, MatMul / Add / Tanh (or Relu) of the previous state; hand-written or
-streaming models spell an LSTM / GRU step with Gemm / MatMul, Split / Slice of the gates, activations, Mul / Add.
+streaming models spell an LSTM / GRU step with Gemm / MatMul, Split / Slice of the gates, activations, Mul / Add, and
+so does torch.onnx for nn.LSTMCell / GRUCell / RNNCell (GRUCell's new h as n + z * (h - n)), called once per step by
+a streaming model or in a Python loop over ``x[t]`` or ``x[:, t]`` whose hs torch.stack joins.
 
 Found from the per-step slices of one time-major value S [T, N, F] (SequenceAt of SplitToSequence, Split, Slice,
-Gather along axis 0, maybe Squeezed; a Squeeze of a [1, N, F] value is one step), S being an affine map of x (MatMul
-by a constant, Add of a constant row, maybe a time flip) read in x's order forwards or backwards. Every node
+Gather along axis 0, maybe Squeezed; a Squeeze of a [1, N, F] value is one step) or of a batch-first one [N, T, F]
+(Split, Slice, Gather along axis 1, Squeezed: ``x[:, t]``), S being an affine map of x (MatMul by a constant, Add of
+a constant row, maybe a time flip) read in x's order forwards or backwards; or from a value [N, F] read by a MatMul or
+Gemm by a constant, one step without a time axis (``_bare``), which is a recurrence only as a streaming model runs
+it: its states graph inputs, its new states graph outputs (``_streaming``; else any layer relu(a W + b R) would pass
+for an RNN step), and a cell whose h is not read (R all zero) is none. Every node
 downstream of the slices through the evaluator's ops is in the step of the latest slice it depends on, and a step
 also takes what it computes from its states alone (the previous h times R: ``_pull_back``), so that each step
 starts at the states (``_chains``, ``_steps``; the nodes that read the same slices split into chains: the two
@@ -17,13 +23,16 @@ tracks ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays alig
 Unsqueeze of axis 0, and a Cast only to the type it has. What else is proven: the values a fusion drops are read
 only inside it, except the reassembled outputs (the node's Y: a Concat over axis 0 of every step's h [1, N, H] in
 x's order or in the opposite one, as Keras's go_backwards writes it (``y_backwards``), or a ConcatFromSequence of
-their SequenceConstruct) and the final h and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or
-zeros of exactly [N, H], N proven to be x's batch, and one value may be both an LSTM's h and c (Keras's zeros: each
-read of it in the first step is one or the other, ``_bindings``); the float weights (the projection of x's too) are
-read by nothing else (integers such as split sizes may be shared: the two directions of a Keras Bidirectional).
+their SequenceConstruct; batch-first, a Concat over axis 1 of h Unsqueezed at axis 1; none without a time axis) and
+the final h and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N
+proven to be x's batch (axis 1 of a time-major x, else axis 0), and one value may be both an LSTM's h and c (Keras's
+zeros: each read of it in the first step is one or the other, ``_bindings``); the float weights (the projection of
+x's too) are read by nothing else, nor are they graph outputs (integers such as split sizes may be shared: the two
+directions of a Keras Bidirectional).
 Where the steps read only some of S's steps (dynamo specialises to the export's length), the fused layer reads that
 window of x (``LoopedRecurrent(window=...)``) and fails, as the graph does, where x is shorter. Each chain (a layer
-and a direction) becomes one ``LoopedRecurrent``, unless dynamo's glue joins the chains into layers and the layers
+and a direction) becomes one ``LoopedRecurrent`` (``time_axis`` 1 for a batch-first x and Y, None for a step
+without a time axis, whose Y is its h), unless dynamo's glue joins the chains into layers and the layers
 into a stack (``_layers``, ``_stacks``, ``_stack``): then the whole stack is one StackedRecurrent (passes/stacked.py's
 layer description and module). Proven for that: a forward and a reverse chain of the same x and cell whose Ys only
 one Concat over the features reads, in that order; a layer's Y read only by the next layer's chains (any cell, of
@@ -38,8 +47,9 @@ LoopedRecurrent (a Y in processing order) they stay. A chain's Y goes past Trans
 compose to the identity; Shapes alone read the middle value) and, where it is in processing order (go_backwards), a
 ReverseSequence that reverses all of it (every row's length proven T: a Keras Bidirectional's backward layer), which
 puts it in x's order (loops.settled): the glue joins the chain where all it reads only feeds it. A chain whose Y
-stays in processing order joins no stack (the stack writes Y in x's order). Not recognised: a step input
-without a time axis ([N, I] per call), a time axis other than 0, a Y written otherwise.
+stays in processing order joins no stack (the stack writes Y in x's order); nor does a chain that is not time-major.
+Not recognised: a time axis other than 0 or 1 (or a batch-first step kept as [N, 1, F]), a Y written otherwise, a
+streaming step whose states the caller does not pass.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from ..node import read_names
 from . import Fusion, GraphView, attribute, register_pattern
 from .cells import (
     _ACTIVATIONS,
+    _FLOATS,
     Atom,
     Form,
     _add,
@@ -92,6 +103,7 @@ from .stacked import (
 )
 
 _BIG = 2 ** 31 - 1  # a Slice end at least this large runs to the end of the axis
+_STREAMING_NODES = 200  # the most nodes a streaming step with what follows it may have (a cell step is a dozen)
 # ops whose value is (a form of) the step's: the dependency on the slices goes through them
 _FORM_OPS = frozenset({"MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Identity", "Cast", "Squeeze", "Unsqueeze",
                        "Split", "Slice", "Clip", "Min", "Max", "Concat", *_ACTIVATIONS})
@@ -174,106 +186,128 @@ class _StepEvaluator(_Evaluator):
 
 @dataclass
 class _Slices:
-    source: str  # S, sliced along axis 0
+    source: str  # S, sliced along its time axis
     steps: dict[int, tuple[str, int]] = field(default_factory=dict)  # position in S -> (leaf value, its rank)
     nodes: list[onnx.NodeProto] = field(default_factory=list)
-    exact: bool = False  # the slicing proves dim 0 of S is the number of steps (Split into ones, Squeeze)
+    exact: bool = False  # the slicing proves S's time axis is the number of steps (Split into ones, Squeeze)
+    axis: int | None = 0  # S's time axis: 0 ([T, N, F]), 1 ([N, T, F]), None (S [N, F] is the one step itself)
 
 
-def _slice_of(view: GraphView, node: onnx.NodeProto) -> tuple[str, int, str, list] | None:
-    """(S, position, the step's value, nodes) of one step sliced from S along axis 0 by ``node``."""
+def _slice_of(view: GraphView, node: onnx.NodeProto) -> tuple[str, int, int, str, list] | None:
+    """(S, its time axis, position, the step's value, nodes) of one step sliced from S along axis 0 (or 1: a
+    batch-first S, as torch's ``x[:, t]`` reads it) by ``node``."""
     if _op(node, "SequenceAt"):
         split = view.producer.get(node.input[0])
         index = view.ints(node.input[1])
         if not (_op(split, "SplitToSequence") and len(split.input) == 1 and attribute(split, "axis", 0) == 0
                 and index is not None and len(index) == 1):
             return None
-        return split.input[0], index[0], node.output[0], [node, split]
-    if _op(node, "Gather") and attribute(node, "axis", 0) == 0 and view.ints(node.input[1]) is not None:
+        return split.input[0], 0, index[0], node.output[0], [node, split]
+    if _op(node, "Gather") and attribute(node, "axis", 0) in (0, 1) and view.ints(node.input[1]) is not None:
         index = view.constant(node.input[1])
         if index.size == 1 and index.ndim <= 1:
-            return node.input[0], int(index.reshape(())), node.output[0], [node]
+            return node.input[0], attribute(node, "axis", 0), int(index.reshape(())), node.output[0], [node]
     if _op(node, "Slice") and view.opset(node) >= 10:
         starts, ends = view.ints(node.input[1]), view.ints(node.input[2])
         axes = view.ints(node.input[3]) if len(node.input) > 3 and node.input[3] else [0]
         steps = view.ints(node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
-        if starts is None or ends is None or len(starts) != 1 or axes != [0] or steps != [1]:
+        if starts is None or ends is None or len(starts) != 1 or axes not in ([0], [1]) or steps != [1]:
             return None
         start, end = starts[0], ends[0]
         if (end == start + 1 and (start >= 0 or end < 0)) or (start == -1 and end >= _BIG):
-            return node.input[0], start, node.output[0], [node]
+            return node.input[0], axes[0], start, node.output[0], [node]
     return None
 
 
 def _slices(view: GraphView) -> list[_Slices]:
-    """Every value sliced into steps along axis 0, with its steps (each Squeezed when the slice's only reader is a
-    Squeeze of axis 0), largest first."""
-    found: dict[str, _Slices] = {}
+    """Every value sliced into steps along axis 0 or 1, with its steps (each Squeezed when the slice's only reader is
+    a Squeeze of that axis), largest first; then each value that may be one step without a time axis (``_bare``)."""
+    found: dict[tuple[str, int], _Slices] = {}
     for node in view.nodes:
         piece = _slice_of(view, node)
         if piece is not None:
-            source, position, value, nodes = piece
-            slices = found.setdefault(source, _Slices(source))
+            source, axis, position, value, nodes = piece
+            slices = found.setdefault((source, axis), _Slices(source, axis=axis))
             if position in slices.steps:
                 continue  # read twice: the step read first stands for it (the other stays as written)
             kept = node.op_type == "Slice" or (node.op_type == "Gather" and view.constant(node.input[1]).ndim == 1) \
                 or (node.op_type == "SequenceAt" and attribute(nodes[1], "keepdims", 1))
-            value, rank, squeeze = _squeezed(view, value, 3 if kept else 2)  # S is [T, N, F] (_projection)
-            slices.steps[position] = (value, rank)
-            slices.nodes += [*nodes, *squeeze]
-        elif _op(node, "Split") and attribute(node, "axis", 0) == 0:
+            value, rank, squeeze = _squeezed(view, value, 3 if kept else 2, axis)  # S is [T, N, F] (_projection)
+            if axis == 0 or rank == 2:  # a step [N, 1, F] is no form's (only leading 1s are)
+                slices.steps[position] = (value, rank)
+                slices.nodes += [*nodes, *squeeze]
+        elif _op(node, "Split") and attribute(node, "axis", 0) in (0, 1):
             _split(view, node, found)
     used = {id(n) for s in found.values() for n in s.nodes}
     for node in view.nodes:  # a Squeeze of a [1, N, F] value that no slice made: one step
-        if _op(node, "Squeeze") and id(node) not in used and node.input[0] not in found and _axes(
+        if _op(node, "Squeeze") and id(node) not in used and (node.input[0], 0) not in found and _axes(
                 view, node, 1) == [0] and _rank(view, node.input[0]) == 3:
-            found[node.input[0]] = _Slices(node.input[0], {0: (node.output[0], 2)}, [node], exact=True)
-    return sorted(found.values(), key=lambda s: -len(s.steps))
+            found[node.input[0], 0] = _Slices(node.input[0], {0: (node.output[0], 2)}, [node], exact=True)
+    leaves = {leaf for s in found.values() for leaf, _ in s.steps.values()}
+    return sorted(found.values(), key=lambda s: -len(s.steps)) + [s for s in _bare(view) if s.source not in leaves]
 
 
-def _squeezed(view: GraphView, value: str, rank: int) -> tuple[str, int, list]:
+def _bare(view: GraphView) -> list[_Slices]:
+    """Values [N, F] that may be one step's x without a time axis (torch's nn.LSTMCell called once: a streaming step):
+    each read by a MatMul or Gemm by a constant, graph inputs first in their order (where x and h could swap roles,
+    an LSTM or RNN with I == H, both readings compute the same), then the others in graph order."""
+    order = [i.name for i in view.graph.input] + [o for n in view.nodes for o in n.output]
+    return [_Slices(name, {0: (name, 2)}, exact=True, axis=None) for name in dict.fromkeys(order)
+            if _rank(view, name) == 2 and view.elem_type(name) in _FLOATS and any(
+                (_op(r, "MatMul") or _op(r, "Gemm")) and r.input[0] == name and view.is_constant(r.input[1])
+                for r in view.consumers.get(name, []))]
+
+
+def _squeezed(view: GraphView, value: str, rank: int, axis: int) -> tuple[str, int, list]:
     squeeze = view.only_consumer(value)
-    if rank == 3 and _op(squeeze, "Squeeze") and _axes(view, squeeze, 1) == [0]:
+    if rank == 3 and _op(squeeze, "Squeeze") and _axes(view, squeeze, 1) == [axis]:
         return squeeze.output[0], 2, [squeeze]
     return value, rank, []
 
 
 def _split(view: GraphView, node: onnx.NodeProto, found: dict) -> None:
-    """A Split of S along axis 0 into steps of one: sizes given as ones, or S's static dim 0 the outputs' count."""
+    """A Split of S along axis 0 or 1 into steps of one: sizes given as ones, or S's static dim there the outputs'
+    count."""
+    axis = attribute(node, "axis", 0)
     sizes = view.ints(node.input[1]) if len(node.input) > 1 and node.input[1] else attribute(node, "split")
     shape = view.shape(node.input[0]) or []
     count = len(node.output)
-    if not (sizes == [1] * count or (sizes is None and shape and shape[0] == count)) or _rank(
-            view, node.input[0]) != 3 or node.input[0] in found:
+    if not (sizes == [1] * count or (sizes is None and len(shape) == 3 and shape[axis] == count)) or _rank(
+            view, node.input[0]) != 3 or (node.input[0], axis) in found:
         return
-    slices = found[node.input[0]] = _Slices(node.input[0], exact=True)
+    slices = _Slices(node.input[0], exact=True, axis=axis)
     slices.nodes.append(node)
     for position, value in enumerate(node.output):
-        value, rank, squeeze = _squeezed(view, value, 3)
+        value, rank, squeeze = _squeezed(view, value, 3, axis)
+        if axis == 1 and rank != 2:
+            return
         slices.steps[position] = (value, rank)
         slices.nodes += squeeze
+    found[node.input[0], axis] = slices
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # What the steps read: x through an affine map (and maybe a flip), in x's order
 
 
-def _flip(view: GraphView, node: onnx.NodeProto | None) -> bool:
-    """A Slice that reverses all of axis 0."""
+def _flip(view: GraphView, node: onnx.NodeProto | None, axis: int) -> bool:
+    """A Slice that reverses all of ``axis``."""
     if not _op(node, "Slice") or view.opset(node) < 10 or len(node.input) != 5:
         return False
     starts, ends, axes, steps = (view.ints(v) for v in node.input[1:])
-    return starts == [-1] and ends is not None and ends[0] <= -_BIG and axes == [0] and steps == [-1]
+    return starts == [-1] and ends is not None and ends[0] <= -_BIG and axes == [axis] and steps == [-1]
 
 
 def _projection(view: GraphView, slices: _Slices) -> tuple[str, Form, bool, list] | None:
-    """(x [T, N, I], S's step as a form over the step of x, whether S is x flipped in time, the nodes between)."""
-    value, nodes, flipped = slices.source, [], False
+    """(x [T, N, I] (or as S's time axis has it), S's step as a form over the step of x, whether S is x flipped in
+    time, the nodes between). A step without a time axis is x itself."""
+    value, nodes, flipped, axis = slices.source, [], False, slices.axis
     readers = {id(n) for n in slices.nodes}
-    while all(id(r) in readers for r in view.consumers.get(value, [])) and value not in view.graph_outputs:
+    while axis is not None and all(id(r) in readers for r in view.consumers.get(value, [])) and (
+            value not in view.graph_outputs):
         node = view.producer.get(value)
         variable = [v for v in node.input if v and not view.is_constant(v)] if node is not None else []
-        if _flip(view, node) and not flipped:
+        if _flip(view, node, axis) and not flipped:
             flipped = True
         elif not (any(_op(node, op) for op in ("MatMul", "Add", "Sub", "Mul", "Identity")) and len(variable) == 1
                   and (node.op_type != "MatMul" or node.input[0] == variable[0])):
@@ -281,19 +315,19 @@ def _projection(view: GraphView, slices: _Slices) -> tuple[str, Form, bool, list
         nodes.append(node)
         readers = {id(node)}
         value = variable[0]
-    width = (view.shape(value) or [None] * 3)[-1]
-    if _rank(view, value) != 3:
+    width, rank = (view.shape(value) or [None])[-1], 2 if axis is None else 3
+    if _rank(view, value) != rank:
         return None
     evaluator = _StepEvaluator(view)
-    evaluator.set(value, Form({evaluator.x_atom: np.eye(width) if isinstance(width, int) else 1.0}), 3)
+    evaluator.set(value, Form({evaluator.x_atom: np.eye(width) if isinstance(width, int) else 1.0}), rank)
     for node in reversed(nodes):
-        if _flip(view, node):
+        if _flip(view, node, axis):
             evaluator.set(node.output[0], evaluator.env[node.input[0]], 3)
         else:
             evaluator.run([node])
     form = evaluator.env.get(slices.source)
     if not isinstance(form, Form) or set(form.terms) != {evaluator.x_atom} or not isinstance(
-            form.terms[evaluator.x_atom], np.ndarray) or evaluator.ranks.get(slices.source) != 3:
+            form.terms[evaluator.x_atom], np.ndarray) or evaluator.ranks.get(slices.source) != rank:
         return None
     return value, form, flipped, nodes
 
@@ -302,7 +336,7 @@ def _window(view: GraphView, slices: _Slices, x: str, flipped: bool) -> tuple[li
     """The steps' leaf values in x's order and the window of x they read (None: all of it); False when the
     positions are not one run of consecutive steps."""
     steps = {(-1 - p if flipped else p): leaf for p, leaf in slices.steps.items()}
-    length = len(slices.steps) if slices.exact else (view.shape(x) or [None])[0]
+    length = len(slices.steps) if slices.exact else (view.shape(x) or [None] * 3)[slices.axis]
     if isinstance(length, int):
         steps = {p + length if p < 0 else p: leaf for p, leaf in steps.items()}
     positions = sorted(steps)
@@ -528,7 +562,7 @@ def _distinct(values) -> list:
 def _implied_c(h: Form) -> list[Form]:
     """An LSTM's new c as its new h = o * act(c) reads it: the form inside either activated factor."""
     single = _single(h)
-    if single is None or single[0].kind != "mul" or single[1] != 1.0:
+    if single is None or single[0].kind != "mul" or not isinstance(single[1], float) or single[1] != 1.0:
         return []
     factors = [_single(f) for f in single[0].args]
     return [f[0].args[3] for f in factors if f is not None and f[0].kind == "act" and f[1] == 1.0]
@@ -543,7 +577,10 @@ def _match_step(step: _Step, template: tuple | None) -> tuple | None:
             if cell is None or cell.h != 0:
                 continue
             weights = _weights(cell, step.evaluator.x_atom, step.states)
-            if weights and (template is None or _same_cell(template, (cell, weights, step.evaluator.dtype))):
+            # a cell that does not read its h (R all zero) is no recurrence: its "state" could be any value, such as
+            # a streaming step's x (then an affine map of h would pass for an RNN step)
+            if weights and np.any(weights[1]) and (
+                    template is None or _same_cell(template, (cell, weights, step.evaluator.dtype))):
                 step.new = new
                 step.outgoing = step.outgoing or _first_values(step, new)
                 return cell, weights, step.evaluator.dtype
@@ -583,18 +620,24 @@ def _closure(nodes: list[onnx.NodeProto], targets: list[str]) -> list[onnx.NodeP
     return list(found.values())
 
 
-def _reassembly(view: GraphView, steps: list[_Step], nodes: list[list[onnx.NodeProto]], reverse: bool):
+def _reassembly(view: GraphView, steps: list[_Step], nodes: list[list[onnx.NodeProto]], reverse: bool, axis):
     """The node that writes every step's h over time (the layer's Y [T, N, H]: a Concat over axis 0 of [1, N, H]
-    values, or a ConcatFromSequence over axis 0 of their SequenceConstruct, stacking [N, H] values with new_axis),
-    the nodes that spell each step's h so, and whether Y is in the order opposite to x's (Keras's go_backwards
-    writes a reverse chain's h in processing order), or None."""
+    values, or a ConcatFromSequence over axis 0 of their SequenceConstruct, stacking [N, H] values with new_axis;
+    [N, T, H] where x's time ``axis`` is 1: a Concat over axis 1 of h [N, H] Unsqueezed there), the nodes that spell
+    each step's h so, and whether Y is in the order opposite to x's (Keras's go_backwards writes a reverse chain's h
+    in processing order), or None."""
+    if axis is None:
+        return None  # one step without a time axis: its h is h_n
     last = steps[-1].evaluator
     spellings = [v for v in last.ranks if _same(last.env[v], steps[-1].new[0])]
+    if axis == 1:  # [N, 1, H], which no form is
+        spellings = [u.output[0] for v in spellings if last.ranks[v] == 2 for u in view.consumers.get(v, [])
+                     if _op(u, "Unsqueeze") and _axes(view, u, 1) in ([1], [-2])]
     for reader in {id(r): r for v in spellings for r in view.consumers.get(v, [])}.values():
         joined = view.only_consumer(reader.output[0]) if _op(reader, "SequenceConstruct") else None
-        if _op(reader, "Concat") and attribute(reader, "axis") == 0:
+        if _op(reader, "Concat") and attribute(reader, "axis") in (axis, axis - 3):
             y, rank, extra = reader, 3, []
-        elif _op(joined, "ConcatFromSequence") and attribute(joined, "axis") == 0:
+        elif _op(joined, "ConcatFromSequence") and attribute(joined, "axis") == 0 and axis == 0:
             y, rank, extra = joined, 2 if attribute(joined, "new_axis", 0) else 3, [reader]
         else:
             continue
@@ -602,15 +645,23 @@ def _reassembly(view: GraphView, steps: list[_Step], nodes: list[list[onnx.NodeP
             continue
         for backwards in (False, True):
             order = range(len(steps) - 1, -1, -1) if reverse != backwards else range(len(steps))
-            spelled = [_spelled(steps[j], nodes[j], value, rank) for value, j in zip(reader.input, order, strict=True)]
+            spelled = [_spelled(view, steps[j], nodes[j], value, rank, axis)
+                       for value, j in zip(reader.input, order, strict=True)]
             if None not in spelled:
                 return y, extra + [n for s in spelled for n in s], backwards
     return None
 
 
-def _spelled(step: _Step, nodes: list[onnx.NodeProto], value: str, rank: int) -> list[onnx.NodeProto] | None:
-    """The step's nodes that compute ``value`` when it is the step's new h of ``rank``."""
+def _spelled(view: GraphView, step: _Step, nodes: list[onnx.NodeProto], value: str, rank: int,
+             axis: int) -> list[onnx.NodeProto] | None:
+    """The step's nodes that compute ``value`` when it is the step's new h of ``rank`` (with a time ``axis`` 1: h
+    Unsqueezed there)."""
     env, ranks = step.evaluator.env, step.evaluator.ranks
+    unsqueeze = view.producer.get(value)
+    if axis == 1 and _op(unsqueeze, "Unsqueeze") and _axes(view, unsqueeze, 1) in ([1], [-2]) and any(
+            n is unsqueeze for n in nodes):
+        inner = _spelled(view, step, nodes, unsqueeze.input[0], 2, 0)
+        return None if inner is None else _closure(nodes, [value])
     if isinstance(env.get(value), Form) and _same(env[value], step.new[0]) and ranks[value] == rank:
         return _closure(nodes, [value])
     return None
@@ -687,25 +738,41 @@ def _matches(view: GraphView, slices: _Slices):
     reading = [*slices.nodes, *projection[3]] if len(chains) == 1 else []
     for reverse, nodes in chains:
         nodes = [[n for n in step if id(n) not in {id(m) for m in slices.nodes}] for step in nodes]
-        found = _chain(view, projection[1], leaves[::-1] if reverse else leaves, nodes)
-        match = found and _fuse(view, found, nodes, reverse, projection[0], window, reading)
+        nodes = _streaming(view, nodes[0], slices.source) if slices.axis is None else nodes
+        found = nodes and _chain(view, projection[1], leaves[::-1] if reverse else leaves, nodes)
+        match = found and _fuse(view, found, (nodes, reverse, slices.axis), projection[0], window, reading)
         if match:
             yield _Chain(match[0], sorted(match[1], key=lambda n: view.position[id(n)]),
                          [] if reading else slices.nodes)
 
 
-def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, window, reading: list) -> tuple | None:
-    """The match of a chain whose steps are proven, and its nodes (with ``reading``: the slicing of x), when what
-    it exposes is the fused node's."""
+def _streaming(view: GraphView, nodes: list[onnx.NodeProto], x: str) -> list[list[onnx.NodeProto]] | None:
+    """The nodes of a step without a time axis as a streaming model runs it: the caller passes the states in (graph
+    inputs) and takes the new ones back (graph outputs, ``_fuse``), which is what makes one step a recurrence (else
+    any layer relu(a W + b R) would pass for an RNN step). Only what computes graph outputs: the rest of the network
+    after the cell needs no evaluation. None where a state is no graph input, or where that is more than a cell and
+    a head (``_STREAMING_NODES``: evaluating a deep network of two inputs as forms costs seconds)."""
+    nodes = sorted(_closure(nodes, [o for n in nodes for o in n.output if o in view.graph_outputs]),
+                   key=lambda n: view.position[id(n)])
+    if len(nodes) > _STREAMING_NODES or not all(v in view.graph_inputs for v in _initial_states(view, nodes, x)):
+        return None
+    return [nodes]
+
+
+def _fuse(view: GraphView, found: tuple, chain: tuple, x: str, window, reading: list) -> tuple | None:
+    """The match of a chain (its nodes per step, whether it runs backwards, x's time axis) whose steps are proven,
+    and its nodes (with ``reading``: the slicing of x), when what it exposes is the fused node's."""
     steps, (cell, weights, dtype), initial = found
+    nodes, reverse, axis = chain
     region = {id(n): n for n in reading}
     for j, step in enumerate(steps):
         region.update((id(n), n) for n in _closure(nodes[j], step.outgoing))
-    reassembly = _reassembly(view, steps, nodes, reverse)
+    reassembly = _reassembly(view, steps, nodes, reverse, axis)
     if reassembly is not None:
         region.update((id(n), n) for n in [reassembly[0], *reassembly[1]])
     outputs = _exposed(view, region, steps[-1], reassembly[0].output[0] if reassembly else None)
-    if outputs is None or not any(outputs):
+    if outputs is None or not any(outputs) or (axis is None and not all(
+            o is None or o in view.graph_outputs for o in outputs)):
         return None
     read = [n for node in region.values() for n in read_names(node) if view.folded(n) is not None]
     # the weights the fused node copies (not the integers it reads: split sizes that both directions share)
@@ -714,8 +781,8 @@ def _fuse(view: GraphView, found: tuple, nodes: list, reverse: bool, x: str, win
     first = min(region.values(), key=lambda n: view.position[id(n)])
     match = _Match(first, cell, weights, dtype, x, outputs=[*outputs, None],
                    direction="reverse" if reverse else "forward", window=window,
-                   y_backwards=reassembly is not None and reassembly[2])
-    batch = _dim(view, x, 1)
+                   y_backwards=reassembly is not None and reassembly[2], time_axis=axis)
+    batch = _dim(view, x, 1 if axis == 0 else 0)
     for role, name in zip(("h", "c"), initial, strict=False):
         if _zero_state(view, name) not in ([batch, weights[3]], [1, batch, weights[3]]):
             node = view.producer.get(name)
@@ -801,8 +868,8 @@ def _stack(view: GraphView, layers: list[list[_Chain]], glue: list[onnx.NodeProt
     (``glue``), zero or sliced initial states, the final states (``_final_states``), Transposes to and from
     batch-major; None where some part is not that (or there is no glue: one chain stays as it is)."""
     matches = [c.match for layer in layers for c in layer]
-    if any(m.y_backwards for m in matches):
-        return None  # a Y in processing order (Keras's go_backwards): the stack writes it in x's order
+    if any(m.y_backwards or m.time_axis != 0 for m in matches):
+        return None  # a Y in processing order (Keras's go_backwards), or not time-major: each chain as it is
     first = matches[0]
     cells = list(dict.fromkeys(m.cell.op_type for m in matches))
     stack = _Stack("+".join(cells), [], [*(d for layer in layers if (d := _directions(view, layer))), *glue],
@@ -908,11 +975,15 @@ def unrolled_cells(view: GraphView):
     taken: set[int] = set()
     chains: list[_Chain] = []
     for slices in _slices(view):
-        if {id(n) for n in slices.nodes} & taken:
-            continue
+        if {id(n) for n in slices.nodes} & taken or (slices.axis is None and any(
+                id(r) in taken for r in view.consumers[slices.source])):
+            continue  # a bare step's x read inside a chain found before (a middle h, the next step's MatMul's)
         for chain in _matches(view, slices):
+            if {id(n) for n in chain.nodes} & taken:
+                continue
             taken |= {id(n) for n in chain.nodes}
-            settled(view, chain.match, chain.nodes)
+            if chain.match.time_axis == 0:  # the glue it looks for is time-major
+                settled(view, chain.match, chain.nodes)
             chains.append(chain)
     for layers, glue in _stacks(view, _layers(view, chains)):
         stack = _stack(view, layers, glue)

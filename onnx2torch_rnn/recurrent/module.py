@@ -363,12 +363,14 @@ class LoopedRecurrent(Module):
     directions; the mask or lengths count the loop's steps).
     With ``window`` (start, stop) the layer runs over ``x[start:stop]`` only (an unrolled cell, ``passes/unrolled.py``,
     reads the steps its exporter unrolled), and x must have those steps, as the unrolled graph requires.
+    ``time_axis`` is x's and y's time axis: 0, 1 (batch-first: x [N, T, I], y [N, T, H], as torch's loops over
+    ``x[:, t]`` stack them), or None: x is one step [N, I] without it (a streaming cell's call) and y is its h [N, H].
     """
 
     def __init__(self, layer: Recurrent, *, initial_h: bool = False, initial_c: bool = False, mask: bool = False,
                  lengths: bool = False, outputs: Sequence[bool] = (True, False, False, False),
                  x_backwards: bool = False, y_backwards: bool = False,
-                 window: tuple[int, int | None] | None = None):
+                 window: tuple[int, int | None] | None = None, time_axis: int | None = 0):
         super().__init__()
         if mask and lengths:
             raise ValueError("a looped layer takes either a mask or lengths, not both")
@@ -377,8 +379,12 @@ class LoopedRecurrent(Module):
         self.outputs = tuple(outputs)
         self.x_backwards, self.y_backwards = x_backwards, y_backwards
         self.window = None if window is None else tuple(window)
+        if time_axis not in (0, 1, None):
+            raise ValueError(f"time_axis must be 0, 1 or None, got {time_axis!r}")
+        self.time_axis = time_axis
 
     def forward(self, x: Tensor, *args: Tensor):
+        x = x.unsqueeze(0) if self.time_axis is None else x.transpose(0, 1) if self.time_axis == 1 else x
         if self.window is not None:
             x = _window(x, self.window)
         args = list(args)
@@ -407,6 +413,8 @@ class LoopedRecurrent(Module):
             last = y[-1] if y.shape[0] else y.new_zeros(y.shape[1:])
         if self.y_backwards and y is not None:
             y = y.flip(0)
+        if y is not None and self.time_axis != 0:
+            y = y[0] if self.time_axis is None else y.transpose(0, 1)
         results = tuple(r if wanted else None for r, wanted in zip((y, h, c, last), self.outputs, strict=True))
         return results
 
@@ -414,7 +422,8 @@ class LoopedRecurrent(Module):
         flags = [name for name in ("initial_h", "initial_c", "mask", "lengths", "x_backwards", "y_backwards")
                  if getattr(self, name)]
         window = [f"window={self.window}"] if self.window is not None else []
-        return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"] + window)
+        axis = [f"time_axis={self.time_axis}"] if self.time_axis != 0 else []
+        return ", ".join([f"{name}=True" for name in flags] + [f"outputs={list(self.outputs)}"] + window + axis)
 
 
 class LoopedStack(Module):
