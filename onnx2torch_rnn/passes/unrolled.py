@@ -253,9 +253,9 @@ def _bare(view: GraphView) -> list[_Slices]:
     an LSTM or RNN with I == H, both readings compute the same), then the others in graph order."""
     order = [i.name for i in view.graph.input] + [o for n in view.nodes for o in n.output]
     return [_Slices(name, {0: (name, 2)}, exact=True, axis=None) for name in dict.fromkeys(order)
-            if _rank(view, name) == 2 and view.elem_type(name) in _FLOATS and any(
-                (_op(r, "MatMul") or _op(r, "Gemm")) and r.input[0] == name and view.is_constant(r.input[1])
-                for r in view.consumers.get(name, []))]
+            if any((_op(r, "MatMul") or _op(r, "Gemm")) and r.input[0] == name and view.is_constant(r.input[1])
+                   for r in view.consumers.get(name, []))  # first: _rank walks back through same-shape ops
+            and _rank(view, name) == 2 and view.elem_type(name) in _FLOATS]
 
 
 def _squeezed(view: GraphView, value: str, rank: int, axis: int) -> tuple[str, int, list]:
