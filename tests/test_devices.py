@@ -45,6 +45,11 @@ CASES = {
     "tests/models/keras/tf_keras_unrolled_lstm_go_backwards.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
     "tests/models/keras/keras3_unrolled_bi_gru_concat.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
     "tests/models/keras/keras3_unrolled_stacked.onnx": lambda rng, n: {"x": _floats(rng, n, 6, 5)},
+    # torch's nn.LSTMCell called once (time_axis=None) and nn.GRUCell in a loop over x[:, t] (time_axis=1)
+    "tests/models/torch_cells/ts_lstm_step.onnx": lambda rng, n: {
+        "x": _floats(rng, n, 1, 6)[:, 0], "h": _floats(rng, n, 1, 8)[:, 0], "c": _floats(rng, n, 1, 8)[:, 0]},
+    "tests/models/torch_cells/dynamo_gru_loop_bf.onnx": lambda rng, n: {
+        "x": _floats(rng, n, 5, 6), "h": _floats(rng, n, 1, 8)[:, 0]},
 }
 
 
@@ -97,7 +102,8 @@ def test_fused_model_trains(path, device, cudnn_ieee):
 @pytest.mark.compile
 @pytest.mark.parametrize("path", ["examples/bilstm_tagger.onnx", "tests/models/keras/tf_keras_masking_gru.onnx",
                                   "tests/models/torch/dynamo_rnn_relu_l2_bi_bf.onnx",
-                                  "tests/models/keras/tf_keras_unrolled_lstm_go_backwards.onnx"])
+                                  "tests/models/keras/tf_keras_unrolled_lstm_go_backwards.onnx",
+                                  "tests/models/torch_cells/ts_lstm_step.onnx"])
 def test_fused_model_compiles_on_cuda(path, cudnn_ieee):
     module = onnx2torch_rnn.convert(ROOT / path).to("cuda")
     compiled = torch.compile(module, fullgraph=True)
