@@ -21,7 +21,7 @@ import onnx2torch_rnn
 from onnx2torch_rnn import register_converter
 from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
 from onnx2torch_rnn.modules import quantized as q
-from onnx2torch_rnn.recurrent import Recurrent
+from onnx2torch_rnn.recurrent import LoopedRecurrent, Recurrent, StackedRecurrent
 from onnx2torch_rnn.registry import _CONVERTERS, _STATIC, resolve
 
 Spec = tuple  # (name, element type as TensorProto int or numpy dtype, shape or None)
@@ -271,6 +271,21 @@ def fast_path_modules(module: torch.nn.Module) -> list[torch.nn.RNNBase]:
 def recurrent_modules(module: torch.nn.Module) -> list[Recurrent]:
     """The OnnxLSTM / OnnxGRU / OnnxRNN modules of a converted module (one per recurrent node, either path)."""
     return [m for m in module.modules() if isinstance(m, Recurrent)]
+
+
+def looped(module: torch.nn.Module) -> list[LoopedRecurrent]:
+    """The LoopedRecurrent modules (a recognised Loop, Scan or unrolled cell each) of a converted module."""
+    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
+
+
+def stacks(module: torch.nn.Module) -> list[StackedRecurrent]:
+    return [m for m in module.modules() if isinstance(m, StackedRecurrent)]
+
+
+def literal_ops(module: torch.fx.GraphModule) -> list[str]:
+    """The ONNX op types of the converted module's nodes that are not fused."""
+    return [n.meta["onnx"]["op_type"] for n in module.graph.nodes if "onnx" in n.meta and "pattern" not in n.meta[
+        "onnx"]]
 
 
 CONV_CASES = [  # (attributes, x shape, w shape, bias): Conv and ConvInteger

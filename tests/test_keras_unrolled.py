@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import onnx2torch_rnn
-from onnx2torch_rnn.recurrent import LoopedRecurrent, StackedRecurrent
+from onnx2torch_rnn.recurrent import StackedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
-from tests.helpers import assert_fused_trains_like_literal, recurrent_modules
+from tests.helpers import assert_fused_trains_like_literal, literal_ops, looped, recurrent_modules
 
 FOLDER = MODELS / "keras"
 MANIFEST = read_manifest(FOLDER)
@@ -47,15 +47,6 @@ Y_BACKWARDS = {"unrolled_lstm_go_backwards": [True]}
 TOP_LEVEL = {case: ["StackedRecurrent"] for case in LAYERS} | {
     "unrolled_lstm_go_backwards": ["Transpose", "LoopedRecurrent", "Transpose"]}
 PER_STEP = {"MatMul", "Gemm", "Split", "Squeeze", "Unsqueeze", "Sigmoid", "Tanh", "Relu", "Mul", "Sub", "Add"}
-
-
-def looped(module) -> list[LoopedRecurrent]:
-    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
-
-
-def literal_ops(module) -> list[str]:
-    return [n.meta["onnx"]["op_type"] for n in module.graph.nodes if "onnx" in n.meta and "pattern" not in n.meta[
-        "onnx"]]
 
 
 def input_sets(file: str) -> list[dict[str, np.ndarray]]:

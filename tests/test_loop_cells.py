@@ -15,9 +15,8 @@ from onnx import helper, numpy_helper
 
 import onnx2torch_rnn
 from onnx2torch_rnn.modules.control_flow import Loop
-from onnx2torch_rnn.recurrent import LoopedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
-from tests.helpers import assert_fused_trains_like_literal, sigmoid_before_first_tanh
+from tests.helpers import assert_fused_trains_like_literal, looped, sigmoid_before_first_tanh
 
 KERAS = MODELS / "keras"
 MANIFEST = read_manifest(KERAS)
@@ -34,10 +33,6 @@ CELLS = {
     "simple_rnn_relu_last": ("RNN", ["Relu"], 0), "bi_rnn_last": ("RNN", ["Tanh"], 0),
 }
 MASKED = ("embedding_mask_lstm", "masking_gru", "tagger")
-
-
-def looped(module) -> list[LoopedRecurrent]:
-    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
 
 
 def input_sets(file: str) -> list[dict[str, np.ndarray]]:

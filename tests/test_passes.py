@@ -17,7 +17,7 @@ import onnx2torch_rnn
 from onnx2torch_rnn.checking import run_onnxruntime
 from onnx2torch_rnn.recurrent import Recurrent, StackedRecurrent
 from tests.exporters.common import FLOAT16_TOLERANCE, MODELS, has_float16, manifest_input_sets, read_manifest
-from tests.helpers import check, make_model
+from tests.helpers import check, make_model, stacks
 
 TORCH = MODELS / "torch"
 MANIFEST = read_manifest(TORCH)
@@ -319,10 +319,6 @@ def feeds_for(model: onnx.ModelProto, batch: int = 3, time: int = 5) -> dict[str
     if len(model.graph.input) > 1:  # a second input whose first dim happens to equal the batch
         feeds[model.graph.input[1].name] = rng.standard_normal((batch, 2)).astype(np.float32)
     return feeds
-
-
-def stacks(module) -> list[StackedRecurrent]:
-    return [m for m in module.modules() if isinstance(m, StackedRecurrent)]
 
 
 def test_the_helper_model_is_fused_whole():

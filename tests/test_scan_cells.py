@@ -17,9 +17,9 @@ from onnx import helper, numpy_helper
 
 import onnx2torch_rnn
 from onnx2torch_rnn.modules.control_flow import Scan
-from onnx2torch_rnn.recurrent import LoopedRecurrent, LoopedStack
+from onnx2torch_rnn.recurrent import LoopedStack
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
-from tests.helpers import assert_fused_trains_like_literal, sigmoid_before_first_tanh
+from tests.helpers import assert_fused_trains_like_literal, looped, sigmoid_before_first_tanh
 
 KERAS = MODELS / "keras"
 MANIFEST = read_manifest(KERAS)
@@ -33,10 +33,6 @@ FUSED = {
     "lstm_sequence_length": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0, False, True),
 }
 REFUSED = ("lstm_cell_clip", "lstm_projection")
-
-
-def looped(module) -> list[LoopedRecurrent]:
-    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
 
 
 def scans(module) -> int:

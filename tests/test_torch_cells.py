@@ -18,22 +18,12 @@ import torch
 import onnx2torch_rnn
 from onnx2torch_rnn.recurrent import LoopedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, read_manifest, run_onnxruntime
-from tests.helpers import assert_fused_trains_like_literal, sigmoid_before_first_tanh
+from tests.helpers import assert_fused_trains_like_literal, literal_ops, looped, sigmoid_before_first_tanh
 
 FOLDER = MODELS / "torch_cells"
 MANIFEST = read_manifest(FOLDER)
 ENTRIES = {e["file"]: e for e in MANIFEST["models"]}
 TIME_MAJOR = sorted(f for f, e in ENTRIES.items() if "_loop" in e["case"] and "_bf" not in e["case"])
-
-
-def looped(module) -> list[LoopedRecurrent]:
-    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
-
-
-def literal_ops(module) -> list[str]:
-    """The ONNX op types of the converted module's nodes that are not fused."""
-    return [n.meta["onnx"]["op_type"] for n in module.graph.nodes if "onnx" in n.meta and "pattern" not in n.meta[
-        "onnx"]]
 
 
 def input_sets(file: str) -> list[dict[str, np.ndarray]]:

@@ -19,9 +19,8 @@ import torch
 from onnx import helper
 
 import onnx2torch_rnn
-from onnx2torch_rnn.recurrent import LoopedRecurrent, StackedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
-from tests.helpers import assert_fused_trains_like_literal, make_model, recurrent_modules
+from tests.helpers import assert_fused_trains_like_literal, literal_ops, looped, make_model, recurrent_modules, stacks
 
 TORCH = MODELS / "torch"
 MANIFEST = read_manifest(TORCH)
@@ -29,20 +28,6 @@ ENTRIES = {e["file"]: e for e in MANIFEST["models"]}
 DYNAMO = {"dynamo_rnn_tanh.onnx": (1, 1), "dynamo_rnn_relu_l2_bi_bf.onnx": (2, 2),
           "dynamo_rnn_l3_h0_nobias.onnx": (3, 1)}  # layers, directions
 BI = "dynamo_rnn_relu_l2_bi_bf.onnx"
-
-
-def looped(module) -> list[LoopedRecurrent]:
-    return [m for m in module.modules() if isinstance(m, LoopedRecurrent)]
-
-
-def stacks(module) -> list[StackedRecurrent]:
-    return [m for m in module.modules() if isinstance(m, StackedRecurrent)]
-
-
-def literal_ops(module) -> list[str]:
-    """The ONNX op types of the converted module's nodes that are not fused."""
-    return [n.meta["onnx"]["op_type"] for n in module.graph.nodes if "onnx" in n.meta and "pattern" not in n.meta[
-        "onnx"]]
 
 
 def dynamo_sets(file: str) -> list[dict[str, np.ndarray]]:
