@@ -62,7 +62,9 @@ def test_time_major_loop_becomes_one_looped_recurrent(file):
     assert fused.layer.config.direction == "forward"
 
 
-@pytest.mark.parametrize("file", ["ts_lstm_loop.onnx", "dynamo_gru_loop.onnx", "ts_rnn_relu_loop.onnx"])
+@pytest.mark.parametrize("file", ["ts_lstm_loop.onnx", "dynamo_gru_loop.onnx", "ts_rnn_relu_loop.onnx",
+                                  "ts_lstm_step.onnx", "dynamo_rnn_tanh_step.onnx", "ts_gru_loop_bf.onnx",
+                                  "dynamo_lstm_loop_bf_zeros.onnx"])
 def test_trains_like_the_graph(file):
     """The loss and the gradients at x and the given states match the graph as written; the gradient reaches every
     fused weight, a parameter."""
@@ -74,7 +76,9 @@ def test_trains_like_the_graph(file):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("file", ["dynamo_lstm_loop.onnx", "ts_gru_loop.onnx"])
+@pytest.mark.parametrize("file", ["dynamo_lstm_loop.onnx", "ts_gru_loop.onnx", "ts_gru_step.onnx",
+                                  "dynamo_lstm_step.onnx", "dynamo_rnn_relu_loop_bf.onnx",
+                                  "ts_lstm_loop_bf_zeros.onnx"])
 def test_compiles_in_one_graph(file):
     model = onnx.load(FOLDER / file)
     compiled = torch.compile(onnx2torch_rnn.convert(model), fullgraph=True, dynamic=True, backend="eager")
@@ -111,26 +115,6 @@ def test_batch_first_loop_becomes_one_looped_recurrent(file):
     (fused,) = looped(check(file))
     given = "zeros" not in file
     assert fused.time_axis == 1 and fused.initial_h == given and fused.initial_c == (given and "lstm" in file)
-
-
-@pytest.mark.parametrize("file", ["ts_lstm_step.onnx", "dynamo_rnn_tanh_step.onnx", "ts_gru_loop_bf.onnx",
-                                  "dynamo_lstm_loop_bf_zeros.onnx"])
-def test_steps_and_batch_first_loops_train_like_the_graph(file):
-    feeds = input_sets(file)[2]
-    fused, _ = assert_fused_trains_like_literal(FOLDER / file, *feeds.values())
-    weights = list(looped(fused)[0].parameters())
-    assert weights and all(isinstance(p, torch.nn.Parameter) and p.grad is not None and p.grad.abs().sum() > 0
-                           for p in weights)
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("file", ["ts_gru_step.onnx", "dynamo_lstm_step.onnx", "dynamo_rnn_relu_loop_bf.onnx",
-                                  "ts_lstm_loop_bf_zeros.onnx"])
-def test_steps_and_batch_first_loops_compile_in_one_graph(file):
-    model = onnx.load(FOLDER / file)
-    compiled = torch.compile(onnx2torch_rnn.convert(model), fullgraph=True, dynamic=True, backend="eager")
-    for feeds in input_sets(file)[1:3]:
-        compare_with_onnxruntime(compiled, model, feeds)
 
 
 # ---------------------------------------------------------------------------------------------------------------
