@@ -79,6 +79,7 @@ class Recurrent(Module):
         mode = self.cell.torch_mode(self.config)
         constant_weights = W is not None and R is not None and not {"B", "P"} & set(self.runtime_weights)
         self.fast = mode is not None and constant_weights and (P is None or not bool(P.any()))
+        self.torch_mode = mode if self.fast else None  # the torch kernel the fast path runs
         if self.fast:
             self.rnn = self._torch_module(mode, W.to(compute), R.to(compute), None if B is None else B.to(compute))
             W = R = B = P = None  # an all-zero P adds nothing
@@ -268,7 +269,7 @@ class StackedRecurrent(Module):
         if not (x.is_cpu and x.numel() and self.window is None and self.merge_output
                 and not torch.compiler.is_compiling() and not torch.jit.is_tracing()):
             return False
-        kinds = {(layer.cell.torch_mode(layer.config), layer.config.direction, layer.rnn.hidden_size, layer.rnn.bias,
+        kinds = {(layer.torch_mode, layer.config.direction, layer.rnn.hidden_size, layer.rnn.bias,
                   layer.rnn.weight_ih_l0.dtype)
                  if type(layer).forward is Recurrent.forward and layer.fast and not has_forward_hooks(layer)
                  and layer.sequence_lens is None else None for layer in self.layers}
@@ -284,7 +285,7 @@ class StackedRecurrent(Module):
         def states(given: list) -> Tensor:  # every layer's [D, N, H], zeros where a layer has none
             return torch.cat([x.new_zeros(directions, batch, hidden) if s is None else s for s in given])
 
-        y, h_n, c_n = torch_layers(first.cell.torch_mode(first.config), x,
+        y, h_n, c_n = torch_layers(first.torch_mode, x,
                                    [w for layer in layers for w in layer.weights()], len(layers), directions == 2,
                                    states(initial_h), states(initial_c) if first.cell.has_cell_state else None)
         if self.last_states:
