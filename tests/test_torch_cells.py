@@ -86,8 +86,22 @@ def test_compiles_in_one_graph(file):
         compare_with_onnxruntime(compiled, model, feeds)
 
 
-STEPPED = sorted(f for f, e in ENTRIES.items() if "_step" in e["case"])
+STEPPED = sorted(f for f, e in ENTRIES.items() if "_step" in e["case"] and "stacked" not in e["case"])
+STACKED_STATES = sorted(f for f, e in ENTRIES.items() if e["case"] == "lstm_step_stacked_state")
 BATCH_FIRST = sorted(f for f, e in ENTRIES.items() if "_loop_bf" in e["case"])
+
+
+def calls(module: torch.nn.Module, model: onnx.ModelProto, file: str, count: int = 4) -> None:
+    """``count`` streaming calls at batch 1 and 3, each reading the states the previous one returned, compared with
+    onnxruntime."""
+    names, states_out = list(ENTRIES[file]["inputs"]), len(ENTRIES[file]["inputs"]) - 1
+    rng = np.random.default_rng(3)
+    for feeds in input_sets(file)[1:3]:
+        for _ in range(count):
+            compare_with_onnxruntime(module, model, feeds)
+            states = run_onnxruntime(model, feeds)[-states_out:]
+            x = rng.standard_normal(feeds["x"].shape).astype(np.float32)
+            feeds = {"x": x, **dict(zip(names[1:], states, strict=True))}
 
 
 @pytest.mark.parametrize("file", STEPPED)
@@ -98,14 +112,20 @@ def test_streaming_step_becomes_one_step(file):
     (fused,) = looped(check(file, model))
     assert fused.time_axis is None and fused.initial_h and fused.initial_c == ("lstm" in file)
     assert fused.outputs[:3] == (False, True, "lstm" in file)
-    module, names = onnx2torch_rnn.convert(model), list(ENTRIES[file]["inputs"])
-    rng = np.random.default_rng(3)
-    for feeds in input_sets(file)[1:3]:  # batch 1 and 3
-        for _ in range(4):
-            compare_with_onnxruntime(module, model, feeds)
-            states = run_onnxruntime(model, feeds)
-            x = rng.standard_normal(feeds["x"].shape).astype(np.float32)
-            feeds = {"x": x, **dict(zip(names[1:], states, strict=True))}
+    calls(onnx2torch_rnn.convert(model), model, file)
+
+
+@pytest.mark.parametrize("file", STACKED_STATES)
+def test_streaming_step_with_stacked_states(file):
+    """Silero VAD's decoder: h and c are rows of one input [2, N, H] (Gathers along axis 0) and go back stacked in one
+    output (Unsqueezes into a Concat over axis 0), the new h read by a head too: the cell is one LoopedRecurrent of one
+    step reading the rows, the Gathers, the stacking and the head stay."""
+    model = onnx.load(FOLDER / file)
+    module = onnx2torch_rnn.convert(model)
+    (fused,) = looped(module)
+    assert fused.time_axis is None and fused.initial_h and fused.initial_c and fused.outputs[:3] == (False, True, True)
+    assert "Gemm" not in literal_ops(module) and literal_ops(module).count("Gather") == 2
+    calls(module, model, file)
 
 
 @pytest.mark.parametrize("file", BATCH_FIRST)
@@ -176,7 +196,23 @@ def _state_not_returned(graph, producer):
     graph.output[0].name = "relu_h_n"
 
 
-NEAR_MISSES = [("ts_gru_step.onnx", _state_computed), ("dynamo_rnn_relu_step.onnx", _state_not_returned),
+def _row_of_a_computed_value(graph, producer):
+    """h and c are rows of relu(state), not of the caller's state."""
+    graph.node.insert(0, onnx.helper.make_node("Relu", ["state"], ["relu_state"]))
+    for node in graph.node[1:]:
+        node.input[:] = ["relu_state" if v == "state" else v for v in node.input]
+
+
+def _stacked_state_not_returned(graph, producer):
+    """The new states are stacked into a value the graph returns only through a Relu."""
+    concat = next(n for n in graph.node if n.op_type == "Concat" and n.output[0] == "state_n")
+    concat.output[0] = "stacked"
+    graph.node.append(onnx.helper.make_node("Relu", ["stacked"], ["state_n"]))
+
+
+NEAR_MISSES = [("ts_lstm_step_stacked_state.onnx", _row_of_a_computed_value),
+               ("dynamo_lstm_step_stacked_state.onnx", _stacked_state_not_returned),
+               ("ts_gru_step.onnx", _state_computed), ("dynamo_rnn_relu_step.onnx", _state_not_returned),
                ("ts_lstm_step.onnx", _sigmoid_before_tanh), ("dynamo_gru_loop.onnx", _sigmoid_before_tanh),
                ("dynamo_gru_step.onnx", _h_minus_n_swapped), ("ts_gru_loop_bf.onnx", _h_minus_n_swapped),
                ("ts_rnn_tanh_step.onnx", _weight_read_elsewhere), ("dynamo_lstm_step.onnx", _weight_read_elsewhere),

@@ -11,8 +11,8 @@ Gather along axis 0, maybe Squeezed; a Squeeze of a [1, N, F] value is one step)
 (Split, Slice, Gather along axis 1, Squeezed: ``x[:, t]``), S being an affine map of x (MatMul by a constant, Add of
 a constant row, maybe a time flip) read in x's order forwards or backwards; or from a value [N, F] read by a MatMul or
 Gemm by a constant, one step without a time axis (``_bare``), which is a recurrence only as a streaming model runs
-it: its states graph inputs, its new states graph outputs (``_streaming``; else any layer relu(a W + b R) would pass
-for an RNN step), and a cell whose h is not read (R all zero) is none. Every node
+it: its states graph inputs, its new states graph outputs, or rows of one (silero's [2, N, H]: ``_streaming``; else
+any layer relu(a W + b R) would pass for an RNN step), and a cell whose h is not read (R all zero) is none. Every node
 downstream of the slices through the evaluator's ops is in the step of the latest slice it depends on, and a step
 also takes what it computes from its states alone (the previous h times R: ``_pull_back``), so that each step
 starts at the states (``_chains``, ``_steps``; the nodes that read the same slices split into chains: the two
@@ -748,15 +748,34 @@ def _matches(view: GraphView, slices: _Slices):
 
 def _streaming(view: GraphView, nodes: list[onnx.NodeProto], x: str) -> list[list[onnx.NodeProto]] | None:
     """The nodes of a step without a time axis as a streaming model runs it: the caller passes the states in (graph
-    inputs) and takes the new ones back (graph outputs, ``_fuse``), which is what makes one step a recurrence (else
+    inputs, or rows of one) and takes the new ones back (graph outputs, or rows of one: ``_fuse``), which is what makes one step a recurrence (else
     any layer relu(a W + b R) would pass for an RNN step). Only what computes graph outputs: the rest of the network
     after the cell needs no evaluation. None where a state is no graph input, or where that is more than a cell and
     a head (``_STREAMING_NODES``: evaluating a deep network of two inputs as forms costs seconds)."""
-    nodes = sorted(_closure(nodes, [o for n in nodes for o in n.output if o in view.graph_outputs]),
+    nodes = sorted(_closure(nodes, [o for n in nodes for o in n.output if _returned(view, o)]),
                    key=lambda n: view.position[id(n)])
-    if len(nodes) > _STREAMING_NODES or not all(v in view.graph_inputs for v in _initial_states(view, nodes, x)):
+    if len(nodes) > _STREAMING_NODES or not all(_passed_in(view, v) for v in _initial_states(view, nodes, x)):
         return None
     return [nodes]
+
+
+def _passed_in(view: GraphView, name: str) -> bool:
+    """Whether the caller passes ``name`` in: a graph input, or a row of one (a Gather of one index along axis 0:
+    silero's states stacked in one input [2, N, H])."""
+    node = view.producer.get(name)
+    if _op(node, "Gather") and attribute(node, "axis", 0) == 0:
+        index = view.constant(node.input[1])
+        name = node.input[0] if index is not None and index.size == 1 and index.ndim == 0 else name
+    return name in view.graph_inputs
+
+
+def _returned(view: GraphView, name: str) -> bool:
+    """Whether the caller gets ``name`` back: a graph output, or a row of one (Unsqueezed at axis 0 into a Concat
+    over axis 0 that is a graph output: silero's new states stacked in one output)."""
+    rows = [u.output[0] for u in view.consumers.get(name, []) if _op(u, "Unsqueeze") and _axes(view, u, 1) == [0]]
+    return name in view.graph_outputs or any(
+        _op(c, "Concat") and attribute(c, "axis") == 0 and c.output[0] in view.graph_outputs
+        for row in rows for c in view.consumers.get(row, []))
 
 
 def _fuse(view: GraphView, found: tuple, chain: tuple, x: str, window, reading: list) -> tuple | None:
@@ -772,7 +791,7 @@ def _fuse(view: GraphView, found: tuple, chain: tuple, x: str, window, reading: 
         region.update((id(n), n) for n in [reassembly[0], *reassembly[1]])
     outputs = _exposed(view, region, steps[-1], reassembly[0].output[0] if reassembly else None)
     if outputs is None or not any(outputs) or (axis is None and not all(
-            o is None or o in view.graph_outputs for o in outputs)):
+            o is None or _returned(view, o) for o in outputs)):
         return None
     read = [n for node in region.values() for n in read_names(node) if view.folded(n) is not None]
     # the weights the fused node copies (not the integers it reads: split sizes that both directions share)

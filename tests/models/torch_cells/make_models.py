@@ -6,13 +6,15 @@ Add. Two uses: a streaming step (x [N, I], the states passed in and returned: VA
 loop over time (``for t in range(T): h, c = cell(x[:, t], (h, c))``, the outputs stacked), which the exporter unrolls
 over the export's T. Each case is exported by the TorchScript exporter (`dynamo=False`, opset 17) and the dynamo
 exporter (`dynamo=True`); only the batch axis is dynamic. What was exported is written to manifest.json next to this
-script, which tests/test_torch_cells.py reads.
+script, which tests/test_torch_cells.py reads. Named cases (`make_models.py lstm_step_stacked_state`) regenerate only
+those models and keep the manifest's other entries.
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import sys
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -69,6 +71,19 @@ class TimeLoop(nn.Module):
         return (y, h, c) if self.kind == "lstm" else (y, h)
 
 
+class StackedStates(nn.Module):
+    """Silero VAD's decoder step: the LSTM states stacked in one input [2, N, H] and one output, the new h also read by
+    a head (ReLU, a 1x1 Conv1d, a sigmoid): forward(x [N, I], state) -> (probability [N, 1], the new state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell, self.head = make_cell("lstm", True), nn.Conv1d(HIDDEN, 1, 1)
+
+    def forward(self, x, state):
+        h, c = self.cell(x, (state[0], state[1]))
+        return torch.sigmoid(self.head(torch.relu(h).unsqueeze(-1))).squeeze(1), torch.stack([h, c])
+
+
 @dataclass
 class Case:
     name: str
@@ -98,6 +113,9 @@ def cases() -> list[Case]:
         states = ["h_n", "c_n"][: 2 if kind == "lstm" else 1]
         found.append(Case(f"{kind}_loop_bf_zeros", f"{kind} cell over time, batch-first, zero states made inside",
                           TimeLoop(kind, batch_first=True), {"x": ["batch", STEPS, FEATURES]}, ["y", *states]))
+    found.append(Case("lstm_step_stacked_state", "lstm cell, one step per call, states stacked in one input and output "
+                      "(silero VAD's decoder)", StackedStates(),
+                      {"x": ["batch", FEATURES], "state": [2, "batch", HIDDEN]}, ["probability", "state_n"]))
     return found
 
 
@@ -120,12 +138,18 @@ def export(case: Case, dynamo: bool, path: Path) -> dict:
     return {"dynamo": False, "opset_version": 17, "dynamic_axes": "batch", "do_constant_folding": True}
 
 
-def main():
+def main(names: list[str]):
     warnings.filterwarnings("ignore")
+    unknown = set(names) - {case.name for case in cases()}
+    if unknown:
+        raise SystemExit(f"unknown cases: {sorted(unknown)}")
+    kept = [m for m in json.loads((HERE / "manifest.json").read_text())["models"] if m["case"] not in names] \
+        if names else []
     for old in HERE.glob("*.onnx"):
-        old.unlink()
-    models = []
-    for case in cases():
+        if not names or old.name not in {m["file"] for m in kept}:
+            old.unlink()
+    models = list(kept)
+    for case in (c for c in cases() if not names or c.name in names):
         torch.manual_seed(zlib.crc32(case.name.encode()))
         for parameter in case.module.parameters():  # torch's default init, reseeded per case
             nn.init.uniform_(parameter, -0.5, 0.5)
@@ -147,4 +171,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
