@@ -748,10 +748,11 @@ def _matches(view: GraphView, slices: _Slices):
 
 def _streaming(view: GraphView, nodes: list[onnx.NodeProto], x: str) -> list[list[onnx.NodeProto]] | None:
     """The nodes of a step without a time axis as a streaming model runs it: the caller passes the states in (graph
-    inputs, or rows of one) and takes the new ones back (graph outputs, or rows of one: ``_fuse``), which is what makes one step a recurrence (else
-    any layer relu(a W + b R) would pass for an RNN step). Only what computes graph outputs: the rest of the network
-    after the cell needs no evaluation. None where a state is no graph input, or where that is more than a cell and
-    a head (``_STREAMING_NODES``: evaluating a deep network of two inputs as forms costs seconds)."""
+    inputs, or rows of one) and takes the new ones back (graph outputs, or rows of one: ``_fuse``), which is what
+    makes one step a recurrence (else any layer relu(a W + b R) would pass for an RNN step). Only what computes what
+    the caller gets back: the rest of the network after the cell needs no evaluation. None where a state is not
+    passed in, or where that is more than a cell and a head (``_STREAMING_NODES``: evaluating a deep network of two
+    inputs as forms costs seconds)."""
     nodes = sorted(_closure(nodes, [o for n in nodes for o in n.output if _returned(view, o)]),
                    key=lambda n: view.position[id(n)])
     if len(nodes) > _STREAMING_NODES or not all(_passed_in(view, v) for v in _initial_states(view, nodes, x)):
