@@ -28,6 +28,7 @@ from torch import fx, nn
 from .checking import DEFAULT_INT_RANGE, _numpy, compare_arrays, index_ranges
 from .codegen import quiet_torch
 from .errors import ExportError
+from .modules.quantized import INTEGER_OPS
 from .onnx_rewrite import EXPORTER_OPSET, has_half_precision, lower_opset, opset_of, restore_interface
 from .recurrent import onnx_translation_table, steps_read
 from .signature import OnnxSignature, example_inputs, recorded
@@ -71,6 +72,7 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
     if signature is None:
         raise ExportError("the module has no recorded ONNX signature: to_onnx writes modules made by "
                           "onnx2torch_rnn.convert")
+    _refuse_integer_ops(module)
     axes = _dynamic_axes(signature, dynamic)
     # a dynamic dim's default example size: at least the steps unrolled layers read (dynamo's unrolled nn.RNN)
     size = max(DEFAULT_SIZE, steps_read(module))
@@ -90,6 +92,19 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
                     for axis in dynamic_axes})
     recurrent = sum(n.op_type in ("LSTM", "GRU", "RNN") for n in proto.graph.node)
     return ExportSummary(Path(path).resolve(), opset_of(proto), names, checked, worst, recurrent)
+
+
+def _refuse_integer_ops(module: nn.Module) -> None:
+    """An int8 model (exact mode) is not written back: its integer ops would come back as float64 arithmetic or
+    Python loops, not as the ONNX int8 ops onnxruntime runs."""
+    labels = _onnx_nodes(module) if isinstance(module, fx.GraphModule) else {}
+    found = [labels.get(name, f"{type(sub).__name__} module {name!r}") for name, sub in module.named_modules()
+             if isinstance(sub, INTEGER_OPS)]
+    if found:
+        listed = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ExportError(f"{listed}: to_onnx does not write int8 ops back to ONNX; convert the model with "
+                          "dequantize=True, fine-tune that float model, write it with to_onnx and quantize the file "
+                          "again with onnxruntime.quantization (quantize_dynamic or quantize_static)")
 
 
 def _dynamic_axes(signature: OnnxSignature, dynamic: bool | Collection[str]) -> list[list[int]]:
@@ -329,7 +344,11 @@ def _check(path: Path, module: nn.Module, signature: OnnxSignature, shapes: list
         return [], 0.0
     if not shapes:
         return [], 0.0
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as error:  # an exported op that onnxruntime has no kernel for
+        raise ExportError(f"onnxruntime cannot load the exported model: {_first_line(error)}; nothing "
+                          "written") from error
     model = onnx.load(str(path), load_external_data=False)
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     worst = 0.0
@@ -338,7 +357,11 @@ def _check(path: Path, module: nn.Module, signature: OnnxSignature, shapes: list
         with torch.no_grad():
             outputs = module(*(torch.from_numpy(feeds[spec.name]).to(device) for spec in signature.inputs))
         outputs = outputs if isinstance(outputs, tuple | list) else (outputs,)
-        expected = session.run(None, feeds)
+        try:
+            expected = session.run(None, feeds)
+        except Exception as error:
+            raise ExportError(f"onnxruntime cannot run the exported model at input shapes {input_shapes}: "
+                              f"{_first_line(error)}; nothing written") from error
         for spec, got, want in zip(signature.outputs, outputs, expected, strict=True):
             result = compare_arrays(spec.name, _numpy(got), want, rtol, atol)
             if not result.ok:

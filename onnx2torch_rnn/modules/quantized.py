@@ -623,3 +623,10 @@ class DynamicQuantizeLSTM(Recurrent):
                             initial_h, initial_c, P, products=products)
         outputs = outputs[: self.num_outputs]
         return outputs[0] if self.num_outputs == 1 else outputs
+
+
+# The modules of ONNX's integer ops: ``to_onnx`` refuses them by name (torch has no ONNX translation to integer ops,
+# and its float64 or Python-loop forms would not be what onnxruntime runs); Q/DQ modules export as float arithmetic.
+INTEGER_OPS = (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, DynamicQuantizeMatMul, MatMulIntegerToFloat,
+               QLinearAdd, QLinearMul, QLinearLookup, QLinearGlobalAveragePool, QLinearAveragePool, QLinearSoftmax,
+               QLinearConcat, QGemm, DynamicQuantizeLSTM)

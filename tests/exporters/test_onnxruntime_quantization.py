@@ -94,3 +94,15 @@ def test_model_set_covers_the_tool():
             "com.microsoft::QLinearAveragePool", "com.microsoft::QLinearGlobalAveragePool",
             "com.microsoft::QLinearSoftmax"} <= emitted
     assert all(m["bytes"] < 32 * 1024 for m in ENTRIES)
+
+
+@pytest.mark.parametrize("file, node", [("ts_crnn_op18_dyn_pt_s8.onnx", "ConvInteger node"),
+                                        ("ts_crnn_op18_qop_u8s8.onnx", "QLinearConv node"),
+                                        ("ts_tagger_op17_dyn_pt_s8.onnx", "DynamicQuantizeLSTM node")])
+def test_to_onnx_refuses_integer_ops_by_name(file, node, tmp_path):
+    """The exact int8 module is not written back (its integer ops have no ONNX translation here): ExportError names
+    the first such node and says how to get an int8 file (dequantize, to_onnx, quantize again)."""
+    module = onnx2torch_rnn.convert(FOLDER / file)
+    with pytest.raises(onnx2torch_rnn.ExportError, match=f"{node} .*dequantize=True.*onnxruntime.quantization"):
+        onnx2torch_rnn.to_onnx(module, tmp_path / "model.onnx")
+    assert not list(tmp_path.iterdir())
