@@ -39,6 +39,9 @@ DEFAULT_INT_RANGE = (0, 4)  # integer inputs whose use does not tell a safe rang
 # Ops that pass integer values through unchanged (only their layout changes): an index stays an index.
 _PASS_THROUGH = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand"})
 _RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
+# Ops that round float values to integer steps: a float input one ulp off can move an output a whole step.
+_QUANTIZERS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul",
+                         "MatMulIntegerToFloat"})
 
 
 def _graph(model: ModelSource | LoadedModel) -> onnx.ModelProto | LoadedModel:
@@ -279,11 +282,18 @@ class Divergence:
     outputs: list[OutputComparison]  # the compared outputs of the node (at least one fails)
     folded: bool  # evaluated at conversion: the module reads its value as a constant
     fused_into: str | None = None  # the recognised recurrence that computes the node's outputs, if any
+    # a quantizer whose float inputs match only to tolerance: where the first value that is not bit for bit
+    # onnxruntime's comes from ("<op> node '<name>' (max abs error e)")
+    flipped_by: str | None = None
 
     def __str__(self) -> str:
         op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
         lines = [f"first divergence: {op} node {self.node!r} (#{self.index} in graph order)"
                  + (", folded to a constant at conversion" if self.folded else "")]
+        if self.flipped_by:
+            lines.append(f"  quantization step flipped at node {self.node!r}: its float inputs match onnxruntime to "
+                         f"tolerance but not bit for bit, and a value that close to a rounding boundary rounds to the "
+                         f"neighbouring step; the first value not bit for bit is the output of {self.flipped_by}")
         if self.fused_into:
             lines.append(f"  computed by {self.fused_into} (fuse=False / --no-fuse compares the nodes inside it)")
         lines.append("  attributes: " + (", ".join(f"{k}={v}" for k, v in self.attributes.items()) or "none"))
@@ -436,13 +446,17 @@ def _bisect(loaded: LoadedModel, module: torch.nn.Module, feeds: Mapping[str, np
     actual, constants, fused = _torch_values(module, loaded, feeds)
     initializers = {t.name: t for t in proto.graph.initializer}
     verdicts: dict[str, bool] = {}
-    compared = 0
+    compared, inexact = 0, {}  # node index -> label, for nodes whose outputs match to tolerance only
     for index, node in enumerate(proto.graph.node):
         outputs = [compare_arrays(name, _numpy(actual[name]), expected[name], rtol, atol)
                    for name in node.output if name in actual and name in expected]
         verdicts.update((o.name, o.ok) for o in outputs)
         compared += bool(outputs)
         if all(o.ok for o in outputs):
+            error = max((o.max_abs_error for o in outputs), default=0.0)
+            if error > 0:
+                name = node.name or f"{node.op_type}_{index}"
+                inexact[index] = f"{node.op_type} node {name!r} (max abs error {error:.3g})"
             continue
         inputs = []
         for name in filter(None, node.input):
@@ -459,8 +473,25 @@ def _bisect(loaded: LoadedModel, module: torch.nn.Module, feeds: Mapping[str, np
         divergence = Divergence(node.name or f"{node.op_type}_{index}", node.op_type, normalize_domain(node.domain),
                                 index, {a.name: _show_attribute(a) for a in node.attribute}, inputs, outputs, folded,
                                 next((fused[o.name] for o in outputs if o.name in fused), None))
+        if node.op_type in _QUANTIZERS and all(i.matches is not False for i in inputs):
+            divergence.flipped_by = _first_inexact_ancestor(proto.graph, index, inexact)
         return compared, divergence
     return compared, None
+
+
+def _first_inexact_ancestor(graph: onnx.GraphProto, index: int, inexact: Mapping[int, str]) -> str | None:
+    """The label of the earliest node, among those whose values reach node ``index``, that matched onnxruntime
+    to tolerance only."""
+    producers = {name: i for i, node in enumerate(graph.node[:index]) for name in node.output if name}
+    seen, stack = set(), [index]
+    while stack:
+        for name in graph.node[stack.pop()].input:
+            producer = producers.get(name)
+            if producer is not None and producer not in seen:
+                seen.add(producer)
+                stack.append(producer)
+    found = sorted(seen & inexact.keys())
+    return inexact[found[0]] if found else None
 
 
 def _show_attribute(attribute: onnx.AttributeProto) -> str:

@@ -44,10 +44,12 @@ class LoadedModel:
     single_use: bool = False
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
     declared: dict[str, list[int | None]] = field(init=False)  # run-time graph input -> declared dims (None: symbolic)
+    op_types: frozenset[str] = field(init=False)  # of every node, subgraphs included
     taken: set[str] = field(init=False, default_factory=set, repr=False)  # single-use: what a conversion took
 
     def __post_init__(self):
         graphs = list(subgraphs(self.inferred.graph))
+        self.op_types = frozenset(node.op_type for graph in graphs for node in graph.node)
         self.types = {info.name: info.type for graph in graphs
                       for info in (*graph.input, *graph.value_info, *graph.output)
                       if info.type.HasField("tensor_type")}

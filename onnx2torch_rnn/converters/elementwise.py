@@ -18,6 +18,7 @@ from torch import nn
 
 from ..modules import elementwise as ew
 from ..modules.common import ConstantValue, Function
+from ..modules.quantized import onnxruntime_sigmoid, onnxruntime_tanh
 from ..node import Converted, OnnxNode, refuse_uint64
 from ..registry import register_converter
 from ..tensors import to_torch
@@ -86,10 +87,8 @@ _FUNCTIONS: Mapping[str, tuple[Callable, tuple[int, ...], str]] = MappingProxyTy
     "Elu": (ew.elu, (6, 22), ""),
     "Selu": (ew.selu, (6, 22), "The node's alpha and gamma (not F.selu's fixed constants)."),
     "Celu": (ew.celu, (12, 28), ""),
-    "Sigmoid": (torch.sigmoid, (6, 13), ""),
     "HardSigmoid": (ew.hard_sigmoid, (6, 22), "The node's alpha and beta (not F.hardsigmoid's fixed 1/6, 1/2)."),
     "HardSwish": (F.hardswish, (14, 22), ""),
-    "Tanh": (torch.tanh, (6, 13), ""),
     "Softplus": (F.softplus, (1, 22), ""),
     "Softsign": (F.softsign, (1, 22), ""),
     "Mish": (F.mish, (18, 22), ""),
@@ -111,6 +110,28 @@ def _function_converter(op: str, fn: Callable, note: str):
 
 for _op, (_fn, _versions, _note) in _FUNCTIONS.items():
     register_converter(_op, _versions)(_function_converter(_op, _fn, _note))
+
+
+# Ops that quantize a float value on the fly: in a model that has them, a float value that differs from onnxruntime's
+# in its last bit can land one quantization step away, so its Tanh and Sigmoid compute as onnxruntime's kernels do.
+DYNAMIC_QUANTIZERS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul"})
+_EXACT_NOTE = ("In a model that quantizes dynamically (DynamicQuantizeLinear, DynamicQuantizeLSTM, "
+               "DynamicQuantizeMatMul), float32 values are computed bit for bit as onnxruntime's MLAS kernel computes "
+               "them (its rational approximation, emulated step by step: a last-bit difference upstream of a dynamic "
+               "quantizer can move a quantization step); elsewhere torch.{fn} (a few float32 ulps from onnxruntime's).")
+
+
+def _mlas_activation(op: str, versions: tuple[int, ...], exact: Callable, fast: Callable) -> None:
+    def convert(node: OnnxNode, ctx) -> Converted:
+        return Converted(Function(exact if ctx.loaded.op_types & DYNAMIC_QUANTIZERS else fast), node.inputs)
+
+    convert.__name__ = convert.__qualname__ = f"convert_{op}"
+    convert.__doc__ = _EXACT_NOTE.format(fn=fast.__name__)
+    register_converter(op, versions)(convert)
+
+
+_mlas_activation("Sigmoid", (6, 13), onnxruntime_sigmoid, torch.sigmoid)
+_mlas_activation("Tanh", (6, 13), onnxruntime_tanh, torch.tanh)
 
 
 @register_converter("Mod", (10, 13, 28))

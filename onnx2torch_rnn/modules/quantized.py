@@ -209,24 +209,26 @@ class QLinearConv(Conv):
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops
 
-def _horner(x2: Tensor, coefficients: tuple[float, ...]) -> Tensor:
-    """c0 * x2^n + ... by Horner's rule with one fused multiply-add per step (float32 rounding once per step; the
-    float32 product is exact in float64)."""
-    x2 = x2.double()
-    value = torch.full_like(x2, coefficients[0], dtype=torch.float32)
-    for coefficient in coefficients[1:]:
-        value = (x2 * value + coefficient).float()
-    return value
+def _rational(x: Tensor, bound: float, p: tuple[float, ...], q: tuple[float, ...]) -> Tensor:
+    """clamp(x, -bound, bound) * p(x^2) / q(x^2) in float32, p and q by Horner's rule with one fused multiply-add
+    per step (the float32 product is exact in float64: one rounding per step), both evaluated at once (the shorter
+    one padded with leading zeros, which leave its steps unchanged). NaN stays NaN (torch's clamp keeps it, as
+    MLAS's max/min order does)."""
+    clamped = x.float().clamp(-bound, bound)
+    x2 = (clamped * clamped).double()
+    n = max(len(p), len(q))
+    pairs = list(zip((0.0,) * (n - len(p)) + p, (0.0,) * (n - len(q)) + q, strict=True))
+    coefficients = torch.tensor(pairs, dtype=torch.float64, device=x.device).reshape(n, 2, *[1] * x.dim())
+    value = coefficients[0].float()
+    for k in range(1, n):
+        value = torch.addcmul(coefficients[k], x2, value).float()
+    return clamped * value[0] / value[1]
 
 
 def mlas_logistic(x: Tensor) -> Tensor:
     """MlasComputeLogistic as its FMA3 kernel computes it (float32, x clamped to [-18, 18]): Eigen's rational
     approximation p(x) / q(x) + 0.5 with fused multiply-adds, then max(0, .). NaN stays NaN."""
-    x = x.float()
-    clamped = torch.where(x.isnan(), x, x.clamp(-18.0, 18.0))
-    x2 = clamped * clamped
-    result = clamped * _horner(x2, _LOGISTIC_P) / _horner(x2, _LOGISTIC_Q) + 0.5
-    return torch.where(result.isnan(), result, result.clamp(min=0.0))
+    return (_rational(x, 18.0, _LOGISTIC_P, _LOGISTIC_Q) + 0.5).clamp(min=0.0)
 
 
 def _float32(*values: float) -> tuple[float, ...]:
@@ -481,10 +483,17 @@ class QGemm(Module):
 def mlas_tanh(x: Tensor) -> Tensor:
     """MlasComputeTanh as its FMA3 kernel computes it (float32, x clamped to [-9, 9]): Eigen's rational
     approximation x * p(x^2) / q(x^2) with fused multiply-adds. NaN stays NaN."""
-    x = x.float()
-    clamped = torch.where(x.isnan(), x, x.clamp(-9.0, 9.0))
-    x2 = clamped * clamped
-    return clamped * _horner(x2, _TANH_P) / _horner(x2, _TANH_Q)
+    return _rational(x, 9.0, _TANH_P, _TANH_Q)
+
+
+def onnxruntime_sigmoid(x: Tensor) -> Tensor:
+    """onnxruntime's Sigmoid: MLAS's for float32, torch's for the other types."""
+    return mlas_logistic(x) if x.dtype == torch.float32 else torch.sigmoid(x)
+
+
+def onnxruntime_tanh(x: Tensor) -> Tensor:
+    """onnxruntime's Tanh: MLAS's for float32, torch's for the other types."""
+    return mlas_tanh(x) if x.dtype == torch.float32 else torch.tanh(x)
 
 
 _TANH_P = _float32(-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,  # alpha_13 ... alpha_1
@@ -630,3 +639,4 @@ class DynamicQuantizeLSTM(Recurrent):
 INTEGER_OPS = (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, DynamicQuantizeMatMul, MatMulIntegerToFloat,
                QLinearAdd, QLinearMul, QLinearLookup, QLinearGlobalAveragePool, QLinearAveragePool, QLinearSoftmax,
                QLinearConcat, QGemm, DynamicQuantizeLSTM)
+
