@@ -31,6 +31,9 @@ CELLS = {
     "embedding_mask_lstm": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0), "tagger": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0),
     "stacked": ("GRU", ["Sigmoid", "Tanh"], 1), "simple_rnn": ("RNN", ["Tanh"], 0),
     "simple_rnn_relu_last": ("RNN", ["Relu"], 0), "bi_rnn_last": ("RNN", ["Tanh"], 0),
+    "lstm_recurrent_dropout": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0),
+    "bi_gru_dropout": ("GRU", ["Sigmoid", "Tanh"], 1),
+    "bi_lstm_float16": ("LSTM", ["Sigmoid", "Tanh", "Tanh"], 0), "gru_float16": ("GRU", ["Sigmoid", "Tanh"], 1),
 }
 MASKED = ("embedding_mask_lstm", "masking_gru", "tagger")
 
@@ -85,7 +88,8 @@ def test_masks_with_holes(file):
 @pytest.mark.compile
 @pytest.mark.parametrize("file", ["keras3_masking_gru.onnx", "tf_keras_embedding_mask_lstm.onnx",
                                   "keras3_gru_reset_before.onnx", "tf_keras_simple_rnn.onnx", "keras3_tagger.onnx",
-                                  "keras3_bi_gru_sum.onnx", "keras3_gru_go_backwards.onnx"])
+                                  "keras3_bi_gru_sum.onnx", "keras3_gru_go_backwards.onnx",
+                                  "keras3_bi_lstm_float16.onnx", "tf_keras_bi_gru_dropout.onnx"])
 def test_fused_loops_export_with_dynamic_batch_and_time_and_compile_in_one_graph(file):
     model = onnx.load(KERAS / file)
     module = onnx2torch_rnn.convert(model)
@@ -185,6 +189,35 @@ def _counter_read_outside(model):
 def test_near_misses_stay_loops_and_still_match(file, change):
     model = onnx.load(KERAS / file)
     change(model)
+    module = onnx2torch_rnn.convert(model)
+    assert not looped(module) and any(isinstance(m, Loop) for m in module.modules())
+    for feeds in input_sets(file)[1:]:
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def _dropout_mask_per_step(model):
+    """The recurrent dropout mask (ones_like(h) at inference) is multiplied by the iteration number: h is scaled by a
+    value that changes from step to step, no cell's weight."""
+    body = _body(model)
+    ones = next(n for n in body.node if n.op_type == "ConstantOfShape")
+    for node in body.node:
+        node.input[:] = ["scaled" if v == ones.output[0] else v for v in node.input]
+    at = list(body.node).index(ones) + 1
+    body.node.insert(at, helper.make_node("Mul", [ones.output[0], "step"], ["scaled"]))
+    body.node.insert(at, helper.make_node("Cast", [body.input[0].name], ["step"], to=onnx.TensorProto.FLOAT))
+    onnx.checker.check_model(model)
+
+
+@pytest.mark.parametrize("file", ["tf_keras_lstm_recurrent_dropout.onnx", "keras3_lstm_recurrent_dropout.onnx"])
+def test_recurrent_dropout_is_the_identity_at_inference(file):
+    """tf_keras multiplies h by ones_like(h) (ConstantOfShape of its Shape) before each recurrent product: the Loop is
+    the LSTM; a mask that changes per step is none, and the Loop stays."""
+    model = onnx.load(KERAS / file)
+    (cell,) = looped(onnx2torch_rnn.convert(model))
+    assert type(cell.layer).__name__ == "OnnxLSTM"
+    if not any(n.op_type == "ConstantOfShape" for n in _body(model).node):
+        return  # Keras 3 writes no mask at inference
+    _dropout_mask_per_step(model)
     module = onnx2torch_rnn.convert(model)
     assert not looped(module) and any(isinstance(m, Loop) for m in module.modules())
     for feeds in input_sets(file)[1:]:

@@ -2,7 +2,8 @@
 
 Every value of one cell step is an affine form ``sum(atom @ M) + b`` over atoms (the step's input x, the states, and
 each non-linear value: an activation, a product of two forms, a form selected by a mask, a Clip), with the weights'
-values folded into the matrices (``_Evaluator``, one handler per ONNX op it understands). A cell is recognised when
+values folded into the matrices (``_Evaluator``, one handler per ONNX op it understands; a ConstantOfShape of a
+form's Shape is a scalar that broadcasts to it: tf_keras's dropout masks at inference). A cell is recognised when
 the states' new values have exactly the LSTM, GRU (either reset placement) or RNN equations over such forms
 (``_lstm``, ``_gru``, ``_rnn``); ``_weights`` reads its ONNX W, R, B (and P) off the matrices. Used by
 passes/loops.py (tf2onnx's Loop bodies), passes/scans.py (TF1 Scan bodies) and passes/unrolled.py (cells unrolled
@@ -71,6 +72,12 @@ class Mask:
 class Less:
     a: object
     b: object
+
+
+@dataclass(frozen=True)
+class ShapeOf:
+    """The Shape of a form's value: read only by ConstantOfShape (tf_keras's ``ones_like(h)``, the recurrent dropout
+    mask at inference)."""
 
 
 @dataclass(eq=False)
@@ -238,6 +245,15 @@ class _Evaluator:
     @staticmethod
     def atom(kind: str, *args) -> Atom:
         return Atom(kind, args)
+
+    def _Shape(self, node, a):
+        return [ShapeOf()] if isinstance(a, Form) and not node.attribute else None
+
+    def _ConstantOfShape(self, node, shape):
+        """A constant of a form's shape: a scalar that broadcasts to it (ones_like(h) * h is h)."""
+        value = attribute(node, "value")
+        value = onnx.numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
+        return [value.reshape(())] if isinstance(shape, ShapeOf) and value.dtype.kind == "f" else None
 
     def _Concat(self, node, *parts):
         if attribute(node, "axis") not in (1, -1) or not all(isinstance(p, Form) for p in parts):

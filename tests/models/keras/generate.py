@@ -86,6 +86,16 @@ SPECS = {
                f"Embedding({VOCAB}, 4, mask_zero=True) -> Bidirectional(LSTM(5, return_sequences=True)) -> Dense(3)",
                lambda L, x, k: L.Dense(3)(L.Bidirectional(L.LSTM(5, return_sequences=True))(
                    L.Embedding(VOCAB, 4, mask_zero=True)(x[0])))),
+    # at inference recurrent dropout multiplies h by ones_like(h) (tf_keras), dropout x by ones_like(x)
+    "lstm_recurrent_dropout": (17, X, "LSTM(6, recurrent_dropout=0.2, return_sequences=True)",
+                               lambda L, x, k: L.LSTM(6, recurrent_dropout=0.2, return_sequences=True)(x[0])),
+    "bi_gru_dropout": (15, X, "Bidirectional(GRU(5, dropout=0.1, recurrent_dropout=0.3))",
+                       lambda L, x, k: L.Bidirectional(L.GRU(5, dropout=0.1, recurrent_dropout=0.3))(x[0])),
+    # mixed precision: float32 weights cast to float16 in the Loop body, the cell computed in float16
+    "bi_lstm_float16": (17, X, "Bidirectional(LSTM(6, return_sequences=True, dtype='mixed_float16'))",
+                        lambda L, x, k: L.Bidirectional(L.LSTM(6, return_sequences=True, dtype="mixed_float16"))(x[0])),
+    "gru_float16": (17, X, "GRU(5, return_sequences=True, dtype='mixed_float16')",
+                    lambda L, x, k: L.GRU(5, return_sequences=True, dtype="mixed_float16")(x[0])),
     "custom_cell": (17, X, "RNN(MinimalRNNCell(6), return_sequences=True), an own cell",
                     lambda L, x, k: L.RNN(minimal_cell(k)(6), return_sequences=True)(x[0])),
     # unroll=True: the exporter sees T copies of the cell step (passes/unrolled.py)
