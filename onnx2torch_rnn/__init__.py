@@ -9,6 +9,7 @@ fine-tuned module back to ONNX, as a drop-in replacement of its model), and the 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from torch import fx
 
@@ -74,7 +75,8 @@ __all__ = [
 
 
 def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
-            dequantize: bool = False, fuse: bool = True) -> fx.GraphModule:
+            dequantize: bool = False, fuse: bool = True,
+            constants: Mapping[str, object] | None = None) -> fx.GraphModule:
     """Convert an ONNX model (path, serialized bytes or ``onnx.ModelProto``) to a ``torch.fx.GraphModule``.
 
     The module's forward takes the graph inputs in ONNX order (or by their sanitised names) and returns one tensor,
@@ -88,6 +90,13 @@ def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
     ``fuse`` (default) recognises recurrences that the exporter spelled out (e.g. torch.onnx's per-layer nodes with
     glue and zero initial states) and converts each as one recurrent module, exactly; ``fuse=False`` converts every
     node as written.
+
+    ``constants`` binds graph inputs to values the caller always passes (``{"sr": 16000}``: numbers, arrays or
+    tensors of the input's type and declared shape): the module no longer takes them, what they decide is folded at
+    conversion (shapes, and an If on them becomes the branch taken: the other branch and its weights are gone), so a
+    model whose If branches return different ranks compiles in one graph and exports. ``to_onnx`` writes the model
+    without those inputs, or with them kept and unused (``keep_bound=True``).
     """
-    return build(load_model(model, base_dir, dequantize=dequantize, single_use=True), fuse=fuse)
+    loaded = load_model(model, base_dir, dequantize=dequantize, single_use=True, constants=constants)
+    return build(loaded, fuse=fuse)
 

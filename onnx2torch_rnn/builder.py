@@ -293,7 +293,7 @@ def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = Non
             f" and {len(plan.captured) - 5} more" if len(plan.captured) > 5 else "")
         raise GraphConversionError(graph.name, f"no earlier node, graph input or initializer computes {shown}")
     module = _GraphBuilder(ConversionContext(loaded, graph, plan=plan)).build(progress).module
-    module.meta[META_KEY] = record(loaded.proto, loaded.types)  # names, dtypes and dims, for to_onnx
+    module.meta[META_KEY] = record(loaded.proto, loaded.types, loaded.binding)  # names, dtypes and dims, for to_onnx
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
 
 

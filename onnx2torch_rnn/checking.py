@@ -218,7 +218,13 @@ def run_onnxruntime(model: ModelSource | LoadedModel, feeds: Mapping[str, np.nda
     """onnxruntime's outputs with graph optimisations off (the plain kernels are the reference). Raises
     ReferenceRuntimeError when onnxruntime cannot run the model on ``feeds``."""
     with _reference(model) as source, _reference_failures():
-        return _session(source, threads).run(None, dict(feeds))
+        return _session(source, threads).run(None, _with_bound(model, feeds))
+
+
+def _with_bound(model: ModelSource | LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds, with the values of the inputs a loaded model binds (the reference is the model as given)."""
+    binding = model.binding if isinstance(model, LoadedModel) else None
+    return {**feeds, **(binding.values if binding is not None else {})}
 
 
 def _torch_args(model: ModelSource | LoadedModel, feeds: Mapping[str, np.ndarray]) -> list[torch.Tensor]:
@@ -387,13 +393,14 @@ def compare(
 def _onnxruntime_values(loaded: LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every value of the main graph as onnxruntime computes it: the inputs, and each node's outputs."""
     listed = {o.name for o in loaded.proto.graph.output}
+    inlined = loaded.binding.inlined if loaded.binding is not None else frozenset()  # not in the reference's graph
     exposed = dict.fromkeys(name for node in loaded.proto.graph.node for name in node.output
-                            if name and name not in listed)
+                            if name and name not in listed and name not in inlined)
     with _reference(loaded, list(exposed)) as source, _reference_failures():
         session = _session(source, threads=1)
         # onnxruntime's Python API cannot return bfloat16 arrays: such values are not compared
         names = [o.name for o in session.get_outputs() if o.type != "tensor(bfloat16)"]
-        values = dict(zip(names, session.run(names, dict(feeds)), strict=True))
+        values = dict(zip(names, session.run(names, _with_bound(loaded, feeds)), strict=True))
     values.update(feeds)
     return {k: v for k, v in values.items() if isinstance(v, np.ndarray)}  # sequences and maps are not compared
 

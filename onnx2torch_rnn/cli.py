@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import pickle
 import sys
@@ -149,7 +150,8 @@ def check(args: argparse.Namespace, bar: ProgressBar) -> int:
 
     try:
         with bar:
-            loaded = load_model(args.model, dequantize=args.dequantize, single_use=True)
+            loaded = load_model(args.model, dequantize=args.dequantize, single_use=True,
+                                constants=dict(args.constant))
             module = build(loaded, bar, fuse=args.fuse)
     except (Onnx2TorchError, FileNotFoundError) as error:
         return _fail(f"cannot convert {args.model}: {error}")
@@ -216,7 +218,8 @@ def convert(args: argparse.Namespace, bar: ProgressBar) -> int:
     outdir = Path(args.output)
     try:
         with bar:
-            loaded = load_model(args.model, dequantize=args.dequantize, single_use=True)
+            loaded = load_model(args.model, dequantize=args.dequantize, single_use=True,
+                                constants=dict(args.constant))
             module = codegen.write(loaded, outdir, force=args.force, progress=bar, fuse=args.fuse)
     except OutputExistsError as error:
         return _fail(f"{error.path} exists; pass --force to overwrite it")
@@ -267,7 +270,9 @@ def to_onnx(args: argparse.Namespace, bar: ProgressBar) -> int:
 
     try:
         with bar:
-            module = build(load_model(args.model, dequantize=args.dequantize, single_use=True), bar, fuse=args.fuse)
+            loaded = load_model(args.model, dequantize=args.dequantize, single_use=True,
+                                constants=dict(args.constant))
+            module = build(loaded, bar, fuse=args.fuse)
     except (Onnx2TorchError, FileNotFoundError) as error:
         return _fail(f"cannot convert {args.model}: {error}")
     try:
@@ -279,7 +284,7 @@ def to_onnx(args: argparse.Namespace, bar: ProgressBar) -> int:
                 for axis, d in enumerate(spec.dims or ()) if not isinstance(d, int)}
     try:
         summary = write_onnx(module, args.output, dims=dict(args.dim), dynamic=symbolic - set(args.static),
-                             opset=args.opset, check=not args.no_check)
+                             opset=args.opset, check=not args.no_check, keep_bound=args.keep_bound)
     except Onnx2TorchError as error:
         return _fail(f"not written: {error}", 1)
     dynamic = ", ".join(summary.dynamic_dims) or "none"
@@ -318,9 +323,28 @@ def _input_options(p: argparse.ArgumentParser) -> None:
                    help="log each node (converter, module, fast/exact path of recurrent nodes) and each recognised "
                         "recurrence (the nodes it replaces)")
     _fuse_option(p)
+    _constant_option(p)
     p.add_argument("--dequantize", action="store_true",
                    help="convert a quantized model to the float model it approximates (float weights, no quantized "
                         "activations), for fine-tuning; check reports its distance to onnxruntime's quantized outputs")
+
+
+def _constant(text: str) -> tuple[str, object]:
+    """NAME=VALUE, the value a JSON number, bool or (nested) list: 16000, 0.5, [1, 2]."""
+    def parse(value: str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE with a number or a list as VALUE, got {text!r}") \
+                from None
+    return _pair(text, parse)
+
+
+def _constant_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--constant", action="append", default=[], metavar="NAME=VALUE", type=_constant,
+                   help="bind graph input NAME to VALUE (a number or a JSON list), as callers always pass it: the "
+                        "module no longer takes it, and what it decides is folded (an If on it becomes the branch "
+                        "taken)")
 
 
 def _fuse_option(p: argparse.ArgumentParser) -> None:
@@ -384,6 +408,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", "-v", action="store_true", help="log each node's converter")
     p.add_argument("--dequantize", action="store_true", help="write the float model of a quantized one")
     _fuse_option(p)
+    _constant_option(p)
+    p.add_argument("--keep-bound", action="store_true",
+                   help="keep the inputs bound with --constant in the written model (unused) instead of leaving "
+                        "them out")
     p.set_defaults(run=to_onnx)
 
     return parser

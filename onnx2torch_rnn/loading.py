@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import torch
 
+from .binding import Binding, bind
 from .errors import InvalidModelError, UnsupportedOpsetError
 from .registry import normalize_domain
 from .tensors import external_data_path, is_external, to_torch
@@ -42,6 +43,8 @@ class LoadedModel:
     # converted once by the caller that loaded it (convert()): its weights move into the module rather than being
     # copied, so each is held once
     single_use: bool = False
+    # the graph inputs bound to constants at load time (binding.py): their values, and what inlined Ifs compute
+    binding: Binding | None = None
     types: dict[str, onnx.TypeProto] = field(init=False)  # value name -> inferred type, subgraphs included
     declared: dict[str, list[int | None]] = field(init=False)  # run-time graph input -> declared dims (None: symbolic)
     op_types: frozenset[str] = field(init=False)  # of every node, subgraphs included
@@ -98,11 +101,14 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 
 def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *,
-               dequantize: bool = False, single_use: bool = False) -> LoadedModel:
+               dequantize: bool = False, single_use: bool = False,
+               constants: Mapping[str, object] | None = None) -> LoadedModel:
     """Parse and validate a model from a path, serialized bytes or a ModelProto.
 
     ``base_dir`` is where external data lives for bytes/ModelProto sources (a path source uses its own folder).
     ``dequantize`` rewrites a quantized graph into the float graph it approximates (see ``dequantize.py``).
+    ``constants`` binds graph inputs to values the caller fixes (binding.py): they become constants, and the Ifs
+    they decide become the branch taken.
     The model converts any number of times, each conversion with its own parameters; ``single_use``: once, its
     weights moving into the module (no copy: for a caller that converts the model it loaded and drops it).
     """
@@ -128,6 +134,9 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     weights = {}
     if not isinstance(source, onnx.ModelProto) or dequantize:  # our own proto: hold each weight once, as a tensor
         proto, weights = _take_weights(proto)
+    binding = None
+    if constants:
+        proto, binding = bind(proto, constants)
     skeleton = _skeleton(proto)
     try:
         onnx.checker.check_model(skeleton)
@@ -142,7 +151,7 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
     newest = onnx.defs.onnx_opset_version()  # the installed onnx's schemas: what the converters are resolved by
     if opsets.get("", 0) > newest:
         raise UnsupportedOpsetError("", opsets[""], newest)
-    return LoadedModel(proto, skeleton, base_dir, opsets, weights, source, single_use)
+    return LoadedModel(proto, skeleton, base_dir, opsets, weights, source, single_use, binding)
 
 
 def parse_file(path: str | os.PathLike) -> onnx.ModelProto:

@@ -50,7 +50,7 @@ class ExportSummary:
 
 def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence[torch.Tensor] | None = None, *,
             dims: Mapping[str, int] | None = None, dynamic: bool | Collection[str] = True, opset: int | None = None,
-            check: bool = True, rtol: float = 1e-4, atol: float = 1e-5) -> ExportSummary:
+            check: bool = True, rtol: float = 1e-4, atol: float = 1e-5, keep_bound: bool = False) -> ExportSummary:
     """Write ``module`` (made by ``convert``, then trained or not) to ``path`` as an ONNX model that replaces the
     original: its input and output names, dtypes and dims, native LSTM/GRU/RNN nodes for the recurrent layers, the
     module's current weights.
@@ -65,6 +65,9 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
     - ``check`` (when onnxruntime is installed): onnxruntime runs the model at the example shapes and at another size
       of every dynamic dim, on random inputs, and nothing is written unless every output matches the module's within
       ``rtol``/``atol`` (at least 1e-3 where the model computes in float16).
+    - ``keep_bound``: the inputs bound at conversion (``convert(..., constants=...)``) are left out of the written
+      model (default), or kept where the original has them, unused (callers that feed them need no change; the
+      model computes for the bound values whatever they pass).
 
     Raises ExportError naming the node whose module torch cannot export, or the output that differs.
     """
@@ -83,6 +86,8 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
     try:
         proto, second = _export(module, signature, args, axes)
         restore_interface(proto, signature)
+        if keep_bound:
+            _keep_bound(proto, signature)
         proto = lower_opset(proto, min(opset or signature.opset or EXPORTER_OPSET, EXPORTER_OPSET))
         shapes = [[list(a.shape) for a in args], *second] if check else []
         checked, worst = _write_checked(proto, Path(path), module, signature, shapes, rtol, atol)
@@ -311,6 +316,20 @@ def _second_shapes(program: torch.export.ExportedProgram, args: tuple[torch.Tens
              for shape in shapes]]
 
 
+def _keep_bound(proto: onnx.ModelProto, signature: OnnxSignature) -> None:
+    """The bound inputs back among the graph inputs, at the original's positions, read by no node."""
+    inputs = list(proto.graph.input)
+    taken = {name for node in proto.graph.node for name in node.output} | {t.name for t in proto.graph.initializer}
+    for bound in signature.bound:
+        if bound.spec.name in taken:
+            raise ExportError(f"bound input {bound.spec.name!r} cannot be kept: the exported model has a value of "
+                              "that name (keep_bound=False leaves it out)")
+        dims = None if bound.spec.dims is None else [d if d is not None else "" for d in bound.spec.dims]
+        inputs.insert(bound.position, onnx.helper.make_tensor_value_info(bound.spec.name, bound.spec.elem_type, dims))
+    del proto.graph.input[:]
+    proto.graph.input.extend(inputs)
+
+
 # ---------------------------------------------------------------------------------------------------- check, write
 
 def _write_checked(proto: onnx.ModelProto, path: Path, module: nn.Module, signature: OnnxSignature,
@@ -357,8 +376,10 @@ def _check(path: Path, module: nn.Module, signature: OnnxSignature, shapes: list
         with torch.no_grad():
             outputs = module(*(torch.from_numpy(feeds[spec.name]).to(device) for spec in signature.inputs))
         outputs = outputs if isinstance(outputs, tuple | list) else (outputs,)
+        kept = {i.name for i in model.graph.input}
         try:
-            expected = session.run(None, feeds)
+            expected = session.run(None, {**{b.spec.name: b.value for b in signature.bound if b.spec.name in kept},
+                                          **feeds})
         except Exception as error:
             raise ExportError(f"onnxruntime cannot run the exported model at input shapes {input_shapes}: "
                               f"{_first_line(error)}; nothing written") from error
@@ -378,7 +399,8 @@ def _random_feeds(model: onnx.ModelProto, signature: OnnxSignature, input_shapes
     """Floats standard normal, bools fair coins, integers in the range their use makes valid (checking's
     index_ranges: indices below the table size, lengths up to the sequence length), else checking's default."""
     sizes = {}
-    for info, shape in zip(model.graph.input, input_shapes, strict=True):
+    taken = {spec.name for spec in signature.inputs}  # not the bound inputs kept (keep_bound)
+    for info, shape in zip([i for i in model.graph.input if i.name in taken], input_shapes, strict=True):
         for dim, size in zip(info.type.tensor_type.shape.dim, shape, strict=True):
             sizes.setdefault(dim.dim_param, size)
     ranges = index_ranges(model, sizes)

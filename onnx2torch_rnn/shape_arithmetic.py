@@ -79,6 +79,9 @@ class FxSizes:
     def numel(self, name: str) -> Int:
         return self.graph.call_method("numel", (self.tensor(name),))
 
+    def dim(self, name: str, index: int) -> Int:
+        return self.graph.call_method("size", (self.tensor(name), index))
+
     def call(self, fn: Callable, *args: Int) -> fx.Node:
         return self.graph.call_function(fn, args)
 
@@ -102,6 +105,9 @@ class DeclaredSizes:
         if any(d is _UNDECLARED for d in dims):
             raise _NotShape
         return math.prod(dims)
+
+    def dim(self, name: str, index: int) -> Int:
+        return self.dims(name)[index]
 
     def call(self, fn: Callable, *args: Int) -> Int:
         raise _NotShape
@@ -154,6 +160,14 @@ class ShapeArithmetic:
     def numel(self, name: str) -> Int:
         self._reading[-1][name] = None
         return self.sizes.numel(name)
+
+    def dim(self, name: str, index: int) -> Int:
+        """Size ``index`` of tensor ``name``, whose rank conversion need not know."""
+        self._reading[-1][name] = None
+        return self.sizes.dim(name, index)
+
+    def producer(self, name: str) -> NodeProto | None:
+        return self._producers.get(name)
 
     def elements(self, name: str | None) -> list[Int]:
         value = self.value(name)
@@ -268,6 +282,11 @@ def _gather(t, node, output):
     indices = t.ctx.constant(node.input(1))
     if node.attr("axis") not in (0, -1) or indices is None or indices.dim() > 1:
         raise _NotShape
+    shape = t.producer(node.input(0))
+    if (shape is not None and shape.op_type == "Shape" and not shape.attribute
+            and t.ctx.shape(shape.input[0]) is None):  # dims of a tensor of unknown rank (after an If, say)
+        dims = [t.dim(shape.input[0], i) for i in indices.reshape(-1).tolist()]
+        return dims if indices.dim() else dims[0]
     data = t.elements(node.input(0))
     return [data[i] for i in indices.tolist()] if indices.dim() else data[int(indices)]
 
@@ -333,7 +352,10 @@ def _fill(t, node, output):
 
 def _cast(t, node, output):
     node.attr("saturate"), node.attr("round_mode")  # they change casts to float8 only
-    if node.attr("to") not in _INTEGER_TYPES:
+    to = node.attr("to")
+    if to == TensorProto.BOOL:  # a condition (an If's, a Where's) from sizes
+        return _broadcast(lambda v: t.apply(operator.ne, v, 0), [t.value(node.input(0))])
+    if to not in _INTEGER_TYPES:
         raise _NotShape
     return t.value(node.input(0))
 
@@ -374,6 +396,7 @@ def _split(t, node, output):
 _EXPRESSIONS: Mapping[str, Callable] = MappingProxyType({
     "Shape": _shape,
     "Size": lambda t, node, output: t.numel(node.input(0)),
+    "Not": lambda t, node, output: _broadcast(functools.partial(t.apply, operator.not_), [t.value(node.input(0))]),
     "Identity": lambda t, node, output: t.value(node.input(0)),
     "Cast": _cast,
     "Gather": _gather,

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import torch
 
+from .binding import Binding
 from .tensors import torch_dtype
 
 META_KEY = "onnx_signature"
@@ -37,11 +39,22 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class BoundInput:
+    """A graph input bound to a constant at conversion (``convert(..., constants=...)``), which the module does not
+    take."""
+
+    spec: TensorSpec
+    position: int  # among the original's graph inputs
+    value: np.ndarray
+
+
+@dataclass(frozen=True)
 class OnnxSignature:
     inputs: tuple[TensorSpec, ...]  # run-time graph inputs (an input with an initializer is a constant)
     outputs: tuple[TensorSpec, ...]
     opset: int  # of the default domain
     ir_version: int
+    bound: tuple[BoundInput, ...] = ()  # inputs the conversion bound to constants, in graph input order
 
 
 def _spec(name: str, type_proto: onnx.TypeProto | None) -> TensorSpec:
@@ -52,15 +65,20 @@ def _spec(name: str, type_proto: onnx.TypeProto | None) -> TensorSpec:
     return TensorSpec(name, tensor.elem_type, dims)
 
 
-def record(proto: onnx.ModelProto, inferred_types: Mapping[str, onnx.TypeProto]) -> OnnxSignature:
-    """The signature of ``proto``'s main graph; output types the graph does not declare come from inference."""
+def record(proto: onnx.ModelProto, inferred_types: Mapping[str, onnx.TypeProto],
+           binding: Binding | None = None) -> OnnxSignature:
+    """The signature of ``proto``'s main graph; output types the graph does not declare come from inference;
+    ``binding``: the inputs bound to constants (binding.py)."""
     graph = proto.graph
     constants = {t.name for t in graph.initializer}
     inputs = tuple(_spec(i.name, i.type) for i in graph.input if i.name not in constants)
     outputs = tuple(_spec(o.name, o.type if o.type.tensor_type.elem_type else inferred_types.get(o.name))
                     for o in graph.output)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    return OnnxSignature(inputs, outputs, opset, proto.ir_version)
+    bound = () if binding is None else tuple(
+        BoundInput(_spec(name, info.type), position, binding.values[name])
+        for name, (position, info) in binding.inputs.items())
+    return OnnxSignature(inputs, outputs, opset, proto.ir_version, bound)
 
 
 def recorded(module: torch.nn.Module) -> OnnxSignature | None:

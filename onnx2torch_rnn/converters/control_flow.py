@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from ..modules.control_flow import If, Loop, Scan, Scan8
+from ..modules.control_flow import If, Loop, Scan, Scan8, Taken
 from ..node import Converted, OnnxNode, read_names
 from ..registry import register_converter
 
@@ -14,19 +14,65 @@ _LATER = (11, 13, 16, 19, 21, 23, 24, 25)  # versions since 11 differ only in th
 @register_converter("If", (1, *_LATER))
 def if_(node: OnnxNode, ctx) -> Converted:
     """Runs the branch the condition selects; branches may read any outer value and return tensors, sequences
-    (tuples) or optionals (None when empty). Compiled or exported: torch.cond, when the branches return tensors of
-    the same dtypes and ranks."""
+    (tuples) or optionals (None when empty). A condition known at conversion builds the branch it takes alone. A
+    condition computed from tensor sizes (Shape -> Gather -> Equal)
+    selects the branch in Python, also compiled or exported (a guard on those sizes); any other is data, and compiled
+    or exported the If is torch.cond, when the branches return tensors of the same dtypes and ranks (else bind the
+    graph inputs that decide it: ``convert(model, constants=...)``)."""
     then_proto, else_proto = node.attr("then_branch"), node.attr("else_branch")
+    known = ctx.constant(node.input(0))
+    if known is not None:  # decided at conversion (a bound input, declared dims): the other branch is never built
+        taken = ctx.subgraph(then_proto if bool(known.reshape(())) else else_proto)
+        return Converted(Taken(taken.module, len(node.outputs)), taken.captured)
     then_branch, else_branch = ctx.subgraph(then_proto), ctx.subgraph(else_proto)
     captured = list(dict.fromkeys(then_branch.captured + else_branch.captured))
     module = If(then_branch.module, else_branch.module, [captured.index(n) for n in then_branch.captured],
                 [captured.index(n) for n in else_branch.captured], len(node.outputs),
-                _branch_mismatch(ctx, then_proto, else_proto))
-    return Converted(module, [node.input(0), *captured])
+                _branch_mismatch(ctx, node.input(0), then_proto, else_proto))
+    return Converted(module, [node.input(0), *captured], ints=(0,))
 
 
-def _branch_mismatch(ctx, then_proto: onnx.GraphProto, else_proto: onnx.GraphProto) -> str | None:
-    """Why the branches' outputs cannot be one torch.cond (from their static types), or None if they may be."""
+def _branch_mismatch(ctx, cond: str, then_proto: onnx.GraphProto, else_proto: onnx.GraphProto) -> str | None:
+    """Why the branches' outputs cannot be one torch.cond (from their static types), or None if they may be; with
+    the graph inputs the condition is computed from, which binding at conversion folds to one branch."""
+    why = _why_not_cond(ctx, then_proto, else_proto)
+    if why is None:
+        return None
+    sources = _graph_inputs(ctx, cond)
+    example = ", ".join(f"{name!r}: ..." for name in sources) or "'<input>': ..."
+    decided = (f"The condition is computed from graph input(s) {', '.join(map(repr, sources))}; where"
+               if sources else "Where")
+    return (f"{why}. {decided} the caller always passes one value, bind it at conversion: "
+            f"onnx2torch_rnn.convert(model, constants={{{example}}}) (CLI: --constant NAME=VALUE) keeps only the "
+            "branch it selects")
+
+
+def _graph_inputs(ctx, name: str) -> list[str]:
+    """The main graph's run-time inputs that the value ``name`` (of this graph or an enclosing one) is computed
+    from."""
+    root = ctx
+    while root.parent is not None:
+        root = root.parent
+    inputs = {i.name for i in root.plan.graph.input}
+    scopes, scope = [], ctx
+    while scope is not None:
+        scopes.append(scope)
+        scope = scope.parent
+    producer = {out: node for s in scopes for node in s.plan.graph.node for out in node.output if out}
+    found, seen, pending = [], set(), [name]
+    while pending:
+        value = pending.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if value in inputs and not root.is_constant(value):
+            found.append(value)
+        elif value in producer:
+            pending.extend(read_names(producer[value]))
+    return sorted(found)
+
+
+def _why_not_cond(ctx, then_proto: onnx.GraphProto, else_proto: onnx.GraphProto) -> str | None:
     for k, (a, b) in enumerate(zip(then_proto.output, else_proto.output, strict=True)):
         types = [ctx.loaded.types.get(o.name) or o.type for o in (a, b)]
         if any(t.WhichOneof("value") not in (None, "tensor_type") for t in types):

@@ -94,7 +94,10 @@ class If(Module):
         self.num_outputs = num_outputs
         self.uncompilable = uncompilable
 
-    def forward(self, cond: torch.Tensor, *captured: torch.Tensor):
+    def forward(self, cond: torch.Tensor | bool, *captured: torch.Tensor):
+        """``cond``: a tensor, or a Python bool computed from sizes (symbolic under tracing: a guard on them; in a
+        one-element list where the graph computes a 1-d condition)."""
+        cond = cond[0] if isinstance(cond, list) else cond
         if torch.compiler.is_compiling() and isinstance(cond, torch.Tensor):
             if self.uncompilable is not None:
                 return _unstructured("If", self.uncompilable, lambda: self._python(cond, captured))
@@ -104,8 +107,8 @@ class If(Module):
             return self._structured(cond, captured)
         return self._python(cond, captured)
 
-    def _python(self, cond: torch.Tensor, captured: Sequence[torch.Tensor]):
-        if bool(cond.reshape(())):
+    def _python(self, cond: torch.Tensor | bool, captured: Sequence[torch.Tensor]):
+        if bool(cond.reshape(()) if isinstance(cond, torch.Tensor) else cond):
             outputs = self.then_branch(*(captured[i] for i in self.then_inputs))
         else:
             outputs = self.else_branch(*(captured[i] for i in self.else_inputs))
@@ -123,6 +126,18 @@ class If(Module):
 
         outputs = torch.cond(cond.reshape(()).to(torch.bool), branch(self.then_branch, self.then_inputs),
                              branch(self.else_branch, self.else_inputs), tuple(captured))
+        return outputs[0] if self.num_outputs == 1 else tuple(outputs)
+
+
+class Taken(Module):
+    """An If whose condition conversion knows: the branch it takes, alone."""
+
+    def __init__(self, branch: nn.Module, num_outputs: int):
+        super().__init__()
+        self.branch, self.num_outputs = branch, num_outputs
+
+    def forward(self, *captured: torch.Tensor):
+        outputs = self.branch(*captured)
         return outputs[0] if self.num_outputs == 1 else tuple(outputs)
 
 
