@@ -194,9 +194,31 @@ def scatter(node: OnnxNode, ctx) -> Converted:
 @register_converter("ScatterND", (11, 13, 16, 18))
 def scatter_nd(node: OnnxNode, ctx) -> Converted:
     """One scatter over linearised index tuples, reduction none/add/mul (16) and max/min (18), negative indices
-    included. With duplicate indices and reduction none the result is unspecified (as in ONNX)."""
+    included. With duplicate indices and reduction none the result is unspecified (as in ONNX). Constant indices that
+    list a box in row-major order (a streaming model's cache update) become a copy with that block assigned."""
     refuse_uint64(node, ctx)
-    return Converted(m.ScatterND(_reduction(node)), node.inputs)
+    reduction = _reduction(node)
+    box = _index_box(ctx.constant(node.input(1))) if reduction == "none" else None
+    if box is not None:
+        return Converted(m.ScatterBox(*box), [node.input(0), node.input(2)])
+    return Converted(m.ScatterND(reduction), node.inputs)
+
+
+def _index_box(indices: torch.Tensor | None) -> tuple[list[int], list[int]] | None:
+    """(starts, sizes) when the index tuples of a constant ScatterND index list every element of a box, each once,
+    in row-major order (non-negative: a negative index depends on the data's size), else None."""
+    if indices is None or indices.dim() == 0 or indices.numel() == 0 or indices.dtype.is_floating_point:
+        return None
+    tuples = indices.reshape(-1, indices.shape[-1]).long()
+    if bool((tuples < 0).any()):
+        return None
+    starts, stops = tuples.min(0).values, tuples.max(0).values + 1
+    if int((stops - starts).prod()) != tuples.shape[0]:
+        return None
+    grid = torch.cartesian_prod(*(torch.arange(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)))
+    if not torch.equal(grid.reshape(-1, tuples.shape[1]), tuples):
+        return None
+    return starts.tolist(), (stops - starts).tolist()
 
 
 @register_converter("Compress", (9, 11, 28))

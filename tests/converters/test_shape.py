@@ -405,6 +405,44 @@ def test_scatter_nd(reduction, data_shape, indices):
         run([node("ScatterND", ["x", "i", "u"], **attrs)], inputs, ["y"], opset, feeds={"i": indices})
 
 
+def _box_indices(starts, sizes):
+    """The index tuples of a box in row-major order, shaped [*sizes, k] as a streaming model writes them."""
+    grid = np.meshgrid(*(np.arange(a, a + n) for a, n in zip(starts, sizes, strict=True)), indexing="ij")
+    return np.stack(grid, -1).astype(I64)
+
+
+@pytest.mark.parametrize("data_shape, indices, box", [
+    ([2, 3, 5, 4], _box_indices([0, 0, 2], [1, 3, 2]), True),  # gtcrn's conv cache: cache[0, :, 2:4] = new
+    ([3, 4], _box_indices([1], [1]), True),  # state[1] = new
+    ([4, 6], _box_indices([1, 2], [2, 3]).reshape(-1, 2), True),  # the tuples flattened
+    ([4, 6], _box_indices([1, 2], [2, 3])[::-1].copy(), False),  # rows in another order
+    ([4, 6], np.array([[0, 1], [0, 3]], I64), False),  # a gap
+    ([4, 6], np.array([[1, 1], [1, 1]], I64), False),  # a duplicate (unspecified in ONNX; the scatter keeps one)
+    ([4, 6], np.array([[-1, 0], [-1, 1]], I64), False),  # negative: depends on the size
+])
+def test_scatter_nd_constant_box(data_shape, indices, box):
+    """Constant indices that list a box in row-major order become a block assignment (ScatterBox); anything else
+    stays a scatter. Both against onnxruntime."""
+    k = indices.shape[-1]
+    updates_shape = list(indices.shape[:-1]) + data_shape[k:]
+    inputs = [("x", F32, data_shape), ("u", F32, updates_shape)]
+    model = make_model([node("ScatterND", ["x", "i", "u"])], inputs, ["y"], {"i": indices}, 18)
+    duplicates = len(np.unique(indices.reshape(-1, k), axis=0)) < len(indices.reshape(-1, k))
+    gm = onnx2torch_rnn.convert(model) if duplicates else check(model, random_inputs(model))  # duplicates: no oracle
+    assert any(isinstance(mod, m.ScatterBox) for mod in gm.modules()) == box
+    assert any(isinstance(mod, m.ScatterND) for mod in gm.modules()) != box
+
+
+def test_scatter_box_refuses_indices_past_the_data():
+    indices = _box_indices([0, 2], [1, 2])
+    model = make_model([node("ScatterND", ["x", "i", "u"])], [("x", F32, ["a", "b"]), ("u", F32, [1, 2])], ["y"],
+                       {"i": indices}, 18)
+    gm = onnx2torch_rnn.convert(model)
+    assert isinstance(module_of(gm, m.ScatterBox), m.ScatterBox)
+    with pytest.raises(IndexError, match="out of bounds"):
+        gm(torch.zeros(2, 3), torch.ones(1, 2))
+
+
 @pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
 def test_scatter_reduction_refused_before_its_opset(op):
     indices = np.zeros((1, 1), I64)
