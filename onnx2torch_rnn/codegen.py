@@ -40,6 +40,7 @@ from ._version import __version__
 from .builder import build, sanitize
 from .errors import Onnx2TorchError, OutputExistsError
 from .loading import LoadedModel, ModelSource, load_model
+from .modules import packed
 from .modules.common import TensorStub, constructor_arguments, kept
 from .torch_compat import buffer_dict, fx_builtin_imports, parameter_dict
 
@@ -261,13 +262,14 @@ def _norm(m: nn.modules.batchnorm._NormBase) -> dict:
             "track_running_stats": m.track_running_stats}
 
 
-# The torch.nn module types converters create, each with its constructor arguments read from its public attributes.
-# Exact types only: a subclass may take other arguments. Parameters and buffers are not arguments: the code builds
+# The torch.nn module types converters create, each with its constructor arguments read from its public attributes
+# (the packed convolutions are nn.Conv1d / nn.Conv2d with an inference path, and take their arguments). Exact types
+# only: another subclass may take other arguments. Parameters and buffers are not arguments: the code builds
 # them on the meta device and load() assigns the saved ones.
 _TORCH_MODULES: Mapping[type[nn.Module], Callable[[nn.Module], dict]] = MappingProxyType({
     nn.Linear: lambda m: {"in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None},
-    **dict.fromkeys((nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d),
-                    _conv),
+    **dict.fromkeys((packed.Conv1d, packed.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                     nn.ConvTranspose3d), _conv),
     **dict.fromkeys((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d,
                      nn.InstanceNorm3d), _norm),
     nn.LayerNorm: lambda m: {"normalized_shape": m.normalized_shape, "eps": m.eps,

@@ -26,6 +26,9 @@ fallbacks keep the package working, more slowly or less completely, if a release
 - ``torch._dynamo.graph_break(msg=...)``: where a control-flow node has no structured form, compiling breaks the
   graph there with the reason (fullgraph=True turns it into an error that shows it). Fallback: no break is forced;
   Dynamo then stops at the first data-dependent value of the Python path, with its own message.
+- ``torch.ops.mkldnn._reorder_convolution_weight`` / ``_convolution_pointwise``: oneDNN's convolution on a weight
+  reordered once into its blocked layout (what inductor's freezing uses; x86 builds of torch >= 2.1). Fallback: None
+  (the inference path of a convolution then runs torch's own, which reorders the weight on every call).
 """
 
 from __future__ import annotations
@@ -172,3 +175,15 @@ def is_zero(size) -> bool:
         return True
     torch._check(size != 0)
     return False
+
+
+def _find_onednn_convolution() -> tuple[Callable, Callable] | None:
+    try:
+        ops = torch.ops.mkldnn
+        found = ops._reorder_convolution_weight.default, ops._convolution_pointwise.default
+    except (AttributeError, RuntimeError):
+        return None
+    return found if torch.backends.mkldnn.is_available() else None
+
+
+onednn_convolution = _find_onednn_convolution()  # (reorder the weight, convolve), or None

@@ -20,6 +20,7 @@ from torch import nn
 
 import onnx2torch_rnn
 from onnx2torch_rnn import Converted, codegen
+from onnx2torch_rnn.modules import packed
 from onnx2torch_rnn.modules.common import Function, Module, TensorStub, constructor_arguments
 from tests.helpers import cnn, make_model
 from tests.shape_patterns import PATTERNS, pattern_model, x_of
@@ -68,7 +69,8 @@ def test_cnn_roundtrip_reads_like_torch_code(tmp_path):
     _, rebuilt, source = roundtrip(model, tmp_path, x)
     expected = onnx2torch_rnn.checking.run_onnxruntime(model, {"x": x.numpy()})[0]
     np.testing.assert_allclose(rebuilt(x).detach().numpy(), expected, rtol=1e-4, atol=1e-5)
-    for text in ("nn.Conv2d(", "nn.BatchNorm2d(", "nn.Linear(", "MaxPool(", "Flatten(axis=1)", "(fn=torch.relu)"):
+    for text in ("Conv2d(3, 4, 3, padding=1,", "nn.BatchNorm2d(", "nn.Linear(", "MaxPool(", "Flatten(axis=1)",
+                 "(fn=torch.relu)"):
         assert text in source, text
     assert ".onnx" not in source  # the code does not need the ONNX file
     assert isinstance(rebuilt.conv, nn.Conv2d) and isinstance(rebuilt.fc, nn.Linear)
@@ -214,8 +216,8 @@ def test_conversions_in_two_threads_at_once(tmp_path, registry):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(roundtrip, model, tmp_path / name, x) for name, (model, x) in jobs.items()}
         sources = {name: future.result()[2] for name, future in futures.items()}
-    assert "nn.Conv2d(3, 4, 3, padding=1, device='meta')" in sources["cnn"] and "OnnxLSTM(" not in sources["cnn"]
-    assert "OnnxLSTM(" in sources["lstm"] and "nn.Conv2d" not in sources["lstm"]
+    assert "Conv2d(3, 4, 3, padding=1, device='meta')" in sources["cnn"] and "OnnxLSTM(" not in sources["cnn"]
+    assert "OnnxLSTM(" in sources["lstm"] and "Conv2d" not in sources["lstm"]
 
 
 def test_modules_keep_their_arguments_outside_codegen():
@@ -237,8 +239,9 @@ def test_every_module_class_of_the_library_keeps_its_arguments():
         importlib.import_module(info.name)
     ours = [cls for cls in _module_init_methods() if cls.__module__.startswith("onnx2torch_rnn.")]
     assert len(ours) > 80
-    missing = [cls.__qualname__ for cls in ours if not issubclass(cls, Module) and cls.__module__ not in
-               ("onnx2torch_rnn.onnx_export",)]  # the export wrapper is never part of a converted model
+    missing = [cls.__qualname__ for cls in ours if not issubclass(cls, Module) and cls not in codegen._TORCH_MODULES
+               and cls.__module__ not in ("onnx2torch_rnn.onnx_export",)]  # (never part of a converted model)
+    # the packed convolutions are torch's, written with torch's arguments
     assert missing == []
 
 
@@ -275,10 +278,11 @@ def _stats(channels):
 # name -> (the torch.nn types its conversion holds, the model's input shape, the model)
 TORCH_CASES = {
     "Gemm": ({nn.Linear}, (2, 4), lambda x: _node("Gemm", x, {"w": _rand(3, 4), "b": _rand(3)}, transB=1)),
-    "Conv1d": ({nn.Conv1d}, (1, 2, 7), lambda x: _node("Conv", x, {"w": _rand(3, 2, 3), "b": _rand(3)}, pads=[1, 1])),
-    "Conv2d per axis": ({nn.Conv2d}, (1, 2, 7, 6),
+    "Conv1d": ({packed.Conv1d}, (1, 2, 7),
+               lambda x: _node("Conv", x, {"w": _rand(3, 2, 3), "b": _rand(3)}, pads=[1, 1])),
+    "Conv2d per axis": ({packed.Conv2d}, (1, 2, 7, 6),
                         lambda x: _node("Conv", x, {"w": _rand(4, 2, 3, 2)}, strides=[2, 1], dilations=[1, 2])),
-    "Conv2d asymmetric pads": ({nn.Sequential, nn.Conv2d}, (1, 2, 5, 5),
+    "Conv2d asymmetric pads": ({nn.Sequential, packed.Conv2d}, (1, 2, 5, 5),
                                lambda x: _node("Conv", x, {"w": _rand(4, 2, 3, 3)}, pads=[0, 1, 1, 0])),
     "Conv3d groups": ({nn.Conv3d}, (1, 4, 4, 4, 4),
                       lambda x: _node("Conv", x, {"w": _rand(2, 2, 2, 2, 2), "b": _rand(2)}, group=2)),
@@ -314,9 +318,9 @@ TORCH_CASES = {
 def test_torch_modules_round_trip(tmp_path, case):
     types, shape, model = TORCH_CASES[case]
     converted, rebuilt, source = roundtrip(model(shape), tmp_path, torch.randn(shape))
-    assert {type(m) for m in converted.modules() if type(m).__module__.startswith("torch.nn.")} == types
-    assert all(f"nn.{cls.__name__}(" in source for cls in types)
-    assert {type(m) for m in rebuilt.modules() if type(m).__module__.startswith("torch.nn.")} == types
+    assert {type(m) for m in converted.modules() if type(m) in codegen._TORCH_MODULES} == types
+    assert all(f"{'nn.' if cls.__module__.startswith('torch.nn.') else ''}{cls.__name__}(" in source for cls in types)
+    assert {type(m) for m in rebuilt.modules() if type(m) in codegen._TORCH_MODULES} == types
 
 
 def test_torch_round_trips_cover_every_type_codegen_writes():

@@ -15,6 +15,7 @@ from torch import nn
 
 from ..modules import nn as m
 from ..modules.common import Function
+from ..modules.packed import Conv1d, Conv2d
 from ..node import Converted, OnnxNode, StaticInput
 from ..registry import register_converter
 from ..tensors import torch_dtype
@@ -22,7 +23,7 @@ from .shape import converted
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 SAME = ("SAME_UPPER", "SAME_LOWER")
-TORCH_CONV = MappingProxyType({1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d})
+TORCH_CONV = MappingProxyType({1: Conv1d, 2: Conv2d, 3: nn.Conv3d})  # 1-D, 2-D: packed for inference
 TORCH_CONV_TRANSPOSE = MappingProxyType({1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d})
 TORCH_BATCH_NORM = MappingProxyType({2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d})
 TORCH_INSTANCE_NORM = MappingProxyType({3: nn.InstanceNorm1d, 4: nn.InstanceNorm2d, 5: nn.InstanceNorm3d})
@@ -99,7 +100,7 @@ def conv(node: OnnxNode, ctx) -> Converted:
             begins, ends = m.conv_pads(attributes["auto_pad"], sizes or [1] * n, list(w.shape[2:]), strides,
                                        dilations, attributes["pads"])
             group = attributes["group"]
-            module = TORCH_CONV[n](w.shape[1] * group, w.shape[0], w.shape[2:], strides,
+            module = TORCH_CONV[n](w.shape[1] * group, w.shape[0], tuple(w.shape[2:]), strides,
                                    begins if begins == ends else 0, dilations, group, b is not None,
                                    device="meta", dtype=w.dtype)
             _parameter(module, "weight", w)

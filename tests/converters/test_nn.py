@@ -49,6 +49,32 @@ def test_conv(opset, attributes, x_shape, w_shape, bias, kind):
     assert _count(module, nn.Conv1d, nn.Conv2d, nn.Conv3d) == (kind == "initializer")
 
 
+@pytest.mark.parametrize(("attributes", "x_shape", "w_shape", "bias"),
+                         [(a, (*x[:2], *(d * (6 if len(x) == 4 else 30) for d in x[2:])), w, b)
+                          for a, x, w, b in CONV_CASES if len(x) < 5])
+def test_conv_packed_inference(attributes, x_shape, w_shape, bias):
+    """Above SMALL_POSITIONS output positions, inference runs oneDNN on the weight packed once (modules/packed.py):
+    equal to onnxruntime; a gradient-needing call runs torch's convolution and agrees; a changed weight is repacked."""
+    from onnx2torch_rnn.modules.packed import SMALL_POSITIONS
+
+    weights = {"w": RNG.standard_normal(w_shape).astype(np.float32)}
+    if bias:
+        weights["b"] = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    node = helper.make_node("Conv", ["x", *weights], ["y"], **attributes)
+    model, feeds = weighted_model([node], [("x", np.float32, x_shape)], weights, 13)
+    module = check(model, feeds)
+    conv = next(m for m in module.modules() if isinstance(m, nn.Conv1d | nn.Conv2d))
+    x = torch.from_numpy(feeds["x"])
+    with torch.no_grad():
+        packed = module(x)
+    assert "_packed_weight" in conv.__dict__ and packed.numel() // packed.shape[1] > SMALL_POSITIONS
+    np.testing.assert_allclose(module(x).detach().numpy(), packed.numpy(), rtol=1e-4, atol=1e-4)  # torch's path
+    with torch.no_grad():
+        conv.weight.mul_(-0.5)
+        np.testing.assert_allclose(module(x).numpy(), module.train()(x.requires_grad_()).detach().numpy(), rtol=1e-4,
+                                   atol=1e-4)
+
+
 def test_conv_same_with_dilation_refused():
     model, _ = weighted_model([helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", dilations=[2, 2])],
                               [("x", np.float32, (1, 2, 6, 6))], {"w": np.ones((2, 2, 3, 3), np.float32)}, 11)
