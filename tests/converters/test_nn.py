@@ -75,6 +75,49 @@ def test_conv_packed_inference(attributes, x_shape, w_shape, bias):
                                    atol=1e-4)
 
 
+@pytest.mark.parametrize(("attributes", "x_shape", "w_shape"), [(a, x, w) for a, x, w, _ in CONV_CASES if len(x) == 4])
+def test_window_product_is_the_convolution(attributes, x_shape, w_shape):
+    """The form small convolutions take under torch.compile (modules/packed.py), against torch's convolution."""
+    from onnx2torch_rnn.modules.packed import window_product
+
+    x, w, b = (torch.from_numpy(RNG.standard_normal(s).astype(np.float32)) for s in (x_shape, w_shape, w_shape[:1]))
+    pads = attributes.get("pads", [0, 0, 0, 0])[:2]  # symmetric: asymmetric pads come as a Pad before the conv
+    stride, dilation = attributes.get("strides", [1, 1]), attributes.get("dilations", [1, 1])
+    group = attributes.get("group", 1)
+    expected = torch.nn.functional.conv2d(x, w, b, stride, pads, dilation, group)
+    torch.testing.assert_close(window_product(x, w, b, pads, stride, dilation, group), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("needs_grad", [False, True])
+def test_small_conv_compiles_to_the_window_product(needs_grad):
+    """Compiled inference writes a small convolution as windows times weight (no convolution op left for inductor's
+    reference kernel); a call that needs a gradient keeps torch's convolution. Both match onnxruntime."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], pads=[1, 1], strides=[2], dilations=[2]),  # 1-D
+             helper.make_node("Unsqueeze", ["h", "axis"], ["h4"]),
+             helper.make_node("Conv", ["h4", "w2"], ["y"], group=2, pads=[0, 1, 0, 1])]  # 2-D, groups
+    weights = {"w1": RNG.standard_normal((4, 3, 3)).astype(np.float32), "b1": RNG.standard_normal(4).astype(np.float32),
+               "w2": RNG.standard_normal((6, 2, 1, 3)).astype(np.float32)}
+    model, feeds = weighted_model(nodes, [("x", np.float32, (2, 3, 20))],
+                                  {**weights, "axis": np.array([2], np.int64)}, 13)
+    module = onnx2torch_rnn.convert(model)
+    expected = run_onnxruntime(model, feeds)[0]
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=backend, fullgraph=True)
+    x = torch.from_numpy(feeds["x"]).requires_grad_(needs_grad)
+    with torch.set_grad_enabled(needs_grad):
+        np.testing.assert_allclose(compiled(x).detach().numpy(), expected, rtol=1e-4, atol=1e-4)
+    convolutions = [n for gm in graphs for n in gm.graph.nodes if "conv" in str(n.target)]
+    assert bool(convolutions) == needs_grad, convolutions
+    torch._dynamo.reset()
+
+
 def test_conv_same_with_dilation_refused():
     model, _ = weighted_model([helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", dilations=[2, 2])],
                               [("x", np.float32, (1, 2, 6, 6))], {"w": np.ones((2, 2, 3, 3), np.float32)}, 11)
