@@ -104,7 +104,6 @@ def convert(model: ModelSource, *, base_dir: str | os.PathLike | None = None,
     return build(loaded, fuse=fuse)
 
 
-
 def compile_for_inference(module: torch.nn.Module, *, dynamic: bool | None = False) -> Callable:
     """The fastest way this library knows to run a converted module for inference: ``torch.compile`` with inductor's
     ``freezing`` (weights become constants of the compiled code: convolutions get packed weights, constant glue
