@@ -18,7 +18,13 @@ import torch
 import onnx2torch_rnn
 from onnx2torch_rnn.recurrent import LoopedRecurrent
 from tests.exporters.common import MODELS, compare_with_onnxruntime, read_manifest, run_onnxruntime
-from tests.helpers import assert_fused_trains_like_literal, literal_ops, looped, sigmoid_before_first_tanh
+from tests.helpers import (
+    assert_fused_trains_like_literal,
+    literal_ops,
+    looped,
+    recurrent_modules,
+    sigmoid_before_first_tanh,
+)
 
 FOLDER = MODELS / "torch_cells"
 MANIFEST = read_manifest(FOLDER)
@@ -86,7 +92,10 @@ def test_compiles_in_one_graph(file):
         compare_with_onnxruntime(compiled, model, feeds)
 
 
-STEPPED = sorted(f for f, e in ENTRIES.items() if "_step" in e["case"] and "stacked" not in e["case"])
+STEPPED = sorted(f for f, e in ENTRIES.items() if "_step" in e["case"] and "stacked" not in e["case"]
+                 and "decoder" not in e["case"])
+DECODERS = sorted(f for f, e in ENTRIES.items() if "decoder" in e["case"])
+CRNNS = sorted(f for f, e in ENTRIES.items() if e["case"] == "bilstm_crnn")
 STACKED_STATES = sorted(f for f, e in ENTRIES.items() if e["case"] == "lstm_step_stacked_state")
 BATCH_FIRST = sorted(f for f, e in ENTRIES.items() if "_loop_bf" in e["case"])
 
@@ -126,6 +135,55 @@ def test_streaming_step_with_stacked_states(file):
     assert fused.time_axis is None and fused.initial_h and fused.initial_c and fused.outputs[:3] == (False, True, True)
     assert "Gemm" not in literal_ops(module) and literal_ops(module).count("Gather") == 2
     calls(module, model, file)
+
+
+@pytest.mark.parametrize("file", DECODERS)
+def test_decoder_step_of_two_cells(file):
+    """A decoder step of two cells in turn, every state passed in and returned (GRU cells written out with Linears and
+    gate slices; nn.LSTMCells): each cell one LoopedRecurrent of one step, the second reading the first's new h; the
+    head stays."""
+    model = onnx.load(FOLDER / file)
+    module = onnx2torch_rnn.convert(model)
+    kind = "GRU" if "gru" in file else "LSTM"
+    cells = looped(module)
+    assert len(cells) == 2 and all(c.time_axis is None and type(c.layer).__name__ == f"Onnx{kind}" for c in cells)
+    assert sorted(set(literal_ops(module))) == ["Gemm", "LogSoftmax"]
+    calls(module, model, file)
+
+
+@pytest.mark.parametrize("file", ["ts_gru2_decoder_step.onnx", "dynamo_lstm2_decoder_step.onnx"])
+def test_decoder_cell_whose_state_is_not_returned_stays(file):
+    """The graph returns relu(h1_n) instead of the first cell's new h: that cell's state is not the caller's and it
+    stays as written; the second cell is still one LoopedRecurrent."""
+    model = onnx.load(FOLDER / file)
+    _state_not_returned_as(model.graph, "h1_n")
+    module = onnx2torch_rnn.convert(model)
+    assert len(looped(module)) == 1 and "Gemm" in literal_ops(module)
+    for feeds in input_sets(file)[1:3]:
+        compare_with_onnxruntime(module, model, feeds)
+
+
+def _state_not_returned_as(graph, name):
+    output = next(o for o in graph.output if o.name == name)
+    producer = next(n for n in graph.node if name in n.output)
+    producer.output[list(producer.output).index(name)] = f"{name}_cell"
+    for node in graph.node:
+        node.input[:] = [f"{name}_cell" if v == name else v for v in node.input]
+    graph.node.append(onnx.helper.make_node("Relu", [f"{name}_cell"], [output.name]))
+
+
+@pytest.mark.parametrize("file", CRNNS)
+def test_crnn_bilstm_of_two_cells_stepped_in_python(file):
+    """A CRNN's BiLSTM written as two nn.LSTMCells stepped over 20 columns, the backward one from the last column with
+    its hs put back in order: no cell op stays (TorchScript: one bidirectional layer; dynamo: one layer per
+    direction)."""
+    model = onnx.load(FOLDER / file)
+    module = onnx2torch_rnn.convert(model)
+    assert not {"Gemm", "MatMul", "Sigmoid", "Tanh", "Split"} & set(literal_ops(module))
+    directions = [m.config.direction for m in recurrent_modules(module)]
+    assert sorted(directions) in (["bidirectional"], ["forward", "reverse"])
+    for feeds in input_sets(file)[1:3]:
+        compare_with_onnxruntime(module, model, feeds)
 
 
 @pytest.mark.parametrize("file", BATCH_FIRST)

@@ -9,53 +9,52 @@ a streaming model or in a Python loop over ``x[t]`` or ``x[:, t]`` whose hs torc
 Found from the per-step slices of one time-major value S [T, N, F] (SequenceAt of SplitToSequence, Split, Slice,
 Gather along axis 0, maybe Squeezed; a Squeeze of a [1, N, F] value is one step) or of a batch-first one [N, T, F]
 (Split, Slice, Gather along axis 1, Squeezed: ``x[:, t]``), S being an affine map of x (MatMul by a constant, Add of
-a constant row, maybe a time flip) read in x's order forwards or backwards; or from a value [N, F] read by a MatMul or
-Gemm by a constant, one step without a time axis (``_bare``), which is a recurrence only as a streaming model runs
-it: its states graph inputs, its new states graph outputs, or rows of one (silero's [2, N, H]: ``_streaming``; else
-any layer relu(a W + b R) would pass for an RNN step), and a cell whose h is not read (R all zero) is none. Every node
-downstream of the slices through the evaluator's ops is in the step of the latest slice it depends on, and a step
-also takes what it computes from its states alone (the previous h times R: ``_pull_back``), so that each step
-starts at the states (``_chains``, ``_steps``; the nodes that read the same slices split into chains: the two
-directions of a layer). Each step is evaluated symbolically (passes/cells.py's ``_Evaluator``: affine forms over
-atoms) with fresh atoms for the states it reads from the previous step (or the initial states) and must satisfy the
-same cell equations with the same weights (``_lstm`` / ``_gru`` / ``_rnn`` / ``_weights``); the evaluator here also
-tracks ranks (a state may carry leading 1s, [1, N, H]: its batch axis stays aligned), understands Gemm and Squeeze /
-Unsqueeze of axis 0, and a Cast only to the type it has. What else is proven: the values a fusion drops are read
-only inside it, except the reassembled outputs (the node's Y: a Concat over axis 0 of every step's h [1, N, H] in
-x's order or in the opposite one, as Keras's go_backwards writes it (``y_backwards``), or a ConcatFromSequence of
-their SequenceConstruct; batch-first, a Concat over axis 1 of h Unsqueezed at axis 1; none without a time axis) and
-the final h and c as [N, H]; an initial state is a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N
-proven to be x's batch (axis 1 of a time-major x, else axis 0), and one value may be both an LSTM's h and c (Keras's
-zeros: each read of it in the first step is one or the other, ``_bindings``); the float weights (the projection of
-x's too) are read by nothing else, nor are they graph outputs (integers such as split sizes may be shared: the two
-directions of a Keras Bidirectional).
-Where the steps read only some of S's steps (dynamo specialises to the export's length), the fused layer reads that
-window of x (``LoopedRecurrent(window=...)``) and fails, as the graph does, where x is shorter. Each chain (a layer
-and a direction) becomes one ``LoopedRecurrent`` (``time_axis`` 1 for a batch-first x and Y, None for a step
-without a time axis, whose Y is its h), unless dynamo's glue joins the chains into layers and the layers
-into a stack (``_layers``, ``_stacks``, ``_stack``): then the whole stack is one StackedRecurrent (passes/stacked.py's
-layer description and module). Proven for that: a forward and a reverse chain of the same x and cell whose Ys only
-one Concat over the features reads, in that order; a layer's Y read only by the next layer's chains (any cell, of
-the same float type), which read all of it, maybe through Transposes that cancel (tf2onnx's around each Keras layer);
-initial states zeros of [N, H] (N the first layer's batch, or the layer's own x's) or, in every direction of a layer,
-consecutive rows of one value (a Squeeze of a one-row Slice along axis 0); every chain's final state read only by an
-Unsqueeze of axis 0, those (for several) by one Concat over axis 0 in the chains' order, or only the last layer's
-(of one direction) read, Unsqueezed or as it is ([N, H], Keras's return_state: ``squeeze_states``); the slicing that
-two directions share read by them alone. tf2onnx's Keras layers with unroll=True transpose the batch-major x to
-time-major before splitting it and Y back after the Concat: a StackedRecurrent absorbs them, around a
-LoopedRecurrent (a Y in processing order) they stay. A chain's Y goes past Transposes that cancel (their perms
+a constant row, maybe a time flip) read in x's order forwards or backwards; or from a value [N, F] read by a MatMul
+or Gemm by a constant, one step without a time axis (``_bare``), which is a recurrence only as a streaming model
+runs it: its states graph inputs, its new states graph outputs, or rows of one (silero's [2, N, H]: ``_streaming``;
+else any layer relu(a W + b R) would pass for an RNN step; of two cells in turn, a decoder's step, each is one), and
+a cell whose h is not read (R all zero) is none. Every node downstream of the slices through the evaluator's ops is
+in the step of the latest slice it depends on, and a step also takes what it computes from its states alone (the
+previous h times R: ``_pull_back``), so that each step starts at the states (``_chains``, ``_steps``; the nodes that
+read the same slices split into chains: the two directions of a layer). Each step is evaluated symbolically
+(passes/cells.py's ``_Evaluator``: affine forms over atoms) with fresh atoms for the states it reads from the
+previous step (or the initial states) and must satisfy the same cell equations with the same weights (``_lstm`` /
+``_gru`` / ``_rnn`` / ``_weights``); the evaluator here also tracks ranks (a state may carry leading 1s, [1, N, H]:
+its batch axis stays aligned), understands Gemm and Squeeze / Unsqueeze of axis 0, and a Cast only to the type it
+has. What else is proven: the values a fusion drops are read only inside it, except the reassembled outputs (the
+node's Y: a Concat over axis 0 of every step's h [1, N, H] in x's order or in the opposite one, as Keras's
+go_backwards writes it (``y_backwards``), or a ConcatFromSequence of their SequenceConstruct; batch-first, a Concat
+over axis 1 of h Unsqueezed at axis 1; none without a time axis) and the final h and c as [N, H]; an initial state
+is a given [N, H] (maybe Unsqueezed) or zeros of exactly [N, H], N proven to be x's batch (axis 1 of a time-major x,
+else axis 0), and one value may be both an LSTM's h and c (Keras's zeros: each read of it in the first step is one
+or the other, ``_bindings``); the float weights (the projection of x's too) are read by nothing else, nor are they
+graph outputs (integers such as split sizes may be shared: the two directions of a Keras Bidirectional). Where the
+steps read only some of S's steps (dynamo specialises to the export's length), the fused layer reads that window of
+x (``LoopedRecurrent(window=...)``) and fails, as the graph does, where x is shorter. Each chain (a layer and a
+direction) becomes one ``LoopedRecurrent`` (``time_axis`` 1 for a batch-first x and Y, None for a step without a
+time axis, whose Y is its h), unless dynamo's glue joins the chains into layers and the layers into a stack
+(``_layers``, ``_stacks``, ``_stack``): then the whole stack is one StackedRecurrent (passes/stacked.py's layer
+description and module). Proven for that: a forward and a reverse chain of the same x and cell whose Ys only one
+Concat over the features reads, in that order; a layer's Y read only by the next layer's chains (any cell, of the
+same float type), which read all of it, maybe through Transposes that cancel (tf2onnx's around each Keras layer);
+initial states zeros of [N, H] (N the first layer's batch, or the layer's own x's) or, in every direction of a
+layer, consecutive rows of one value (a Squeeze of a one-row Slice along axis 0); every chain's final state read
+only by an Unsqueeze of axis 0, those (for several) by one Concat over axis 0 in the chains' order, or only the last
+layer's (of one direction) read, Unsqueezed or as it is ([N, H], Keras's return_state: ``squeeze_states``); the
+slicing that two directions share read by them alone. tf2onnx's Keras layers with unroll=True transpose the
+batch-major x to time-major before splitting it and Y back after the Concat: a StackedRecurrent absorbs them, around
+a LoopedRecurrent (a Y in processing order) they stay. A chain's Y goes past Transposes that cancel (their perms
 compose to the identity; Shapes alone read the middle value) and, where it is in processing order (go_backwards), a
 ReverseSequence that reverses all of it (every row's length proven T: a Keras Bidirectional's backward layer), which
 puts it in x's order (loops.settled): the glue joins the chain where all it reads only feeds it. A chain whose Y
 stays in processing order joins no stack (the stack writes Y in x's order); nor does a chain that is not time-major.
 Not recognised: a time axis other than 0 or 1 (or a batch-first step kept as [N, 1, F]), a Y written otherwise, a
-streaming step whose states the caller does not pass.
-"""
+streaming step whose states the caller does not pass. """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import permutations, product
+from itertools import combinations, permutations, product
 
 import numpy as np
 import onnx
@@ -104,6 +103,7 @@ from .stacked import (
 
 _BIG = 2 ** 31 - 1  # a Slice end at least this large runs to the end of the axis
 _STREAMING_NODES = 200  # the most nodes a streaming step with what follows it may have (a cell step is a dozen)
+_STREAMING_RETURNED = 6  # the most values it returns whose subsets are tried as one cell's (a two-cell LSTM step's 4)
 # ops whose value is (a form of) the step's: the dependency on the slices goes through them
 _FORM_OPS = frozenset({"MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Identity", "Cast", "Squeeze", "Unsqueeze",
                        "Split", "Slice", "Clip", "Min", "Max", "Concat", *_ACTIVATIONS})
@@ -738,26 +738,34 @@ def _matches(view: GraphView, slices: _Slices):
     reading = [*slices.nodes, *projection[3]] if len(chains) == 1 else []
     for reverse, nodes in chains:
         nodes = [[n for n in step if id(n) not in {id(m) for m in slices.nodes}] for step in nodes]
-        nodes = _streaming(view, nodes[0], slices.source) if slices.axis is None else nodes
-        found = nodes and _chain(view, projection[1], leaves[::-1] if reverse else leaves, nodes)
-        match = found and _fuse(view, found, (nodes, reverse, slices.axis), projection[0], window, reading)
-        if match:
-            yield _Chain(match[0], sorted(match[1], key=lambda n: view.position[id(n)]),
-                         [] if reading else slices.nodes)
+        for steps in _streaming(view, nodes[0], slices.source) if slices.axis is None else [nodes]:
+            found = _chain(view, projection[1], leaves[::-1] if reverse else leaves, steps)
+            match = found and _fuse(view, found, (steps, reverse, slices.axis), projection[0], window, reading)
+            if match:
+                yield _Chain(match[0], sorted(match[1], key=lambda n: view.position[id(n)]),
+                             [] if reading else slices.nodes)
+                break
 
 
-def _streaming(view: GraphView, nodes: list[onnx.NodeProto], x: str) -> list[list[onnx.NodeProto]] | None:
-    """The nodes of a step without a time axis as a streaming model runs it: the caller passes the states in (graph
-    inputs, or rows of one) and takes the new ones back (graph outputs, or rows of one: ``_fuse``), which is what
-    makes one step a recurrence (else any layer relu(a W + b R) would pass for an RNN step). Only what computes what
-    the caller gets back: the rest of the network after the cell needs no evaluation. None where a state is not
-    passed in, or where that is more than a cell and a head (``_STREAMING_NODES``: evaluating a deep network of two
-    inputs as forms costs seconds)."""
-    nodes = sorted(_closure(nodes, [o for n in nodes for o in n.output if _returned(view, o)]),
-                   key=lambda n: view.position[id(n)])
-    if len(nodes) > _STREAMING_NODES or not all(_passed_in(view, v) for v in _initial_states(view, nodes, x)):
-        return None
-    return [nodes]
+def _streaming(view: GraphView, nodes: list[onnx.NodeProto], x: str) -> list[list[list[onnx.NodeProto]]]:
+    """Candidates for the nodes of a step without a time axis as a streaming model runs it: the caller passes the
+    states in (graph inputs, or rows of one) and takes the new ones back (graph outputs, or rows of one: ``_fuse``),
+    which is what makes one step a recurrence (else any layer relu(a W + b R) would pass for an RNN step). Only what
+    computes what the caller gets back: all of it, then each one or two of those values (a decoder step of two cells
+    returns both cells' states; the first's new h is the second's x). Not where a state is not passed in, or where
+    that is more than a cell and a head (``_STREAMING_NODES``: evaluating a deep network of two inputs as forms costs
+    seconds)."""
+    returned = [o for n in nodes for o in n.output if _returned(view, o)]
+    groups = [returned]
+    if 1 < len(returned) <= _STREAMING_RETURNED:
+        groups += [[v] for v in returned] + [list(pair) for pair in combinations(returned, 2) if len(returned) > 2]
+    candidates: dict[frozenset, list[list[onnx.NodeProto]]] = {}
+    for group in groups:
+        closure = sorted(_closure(nodes, group), key=lambda n: view.position[id(n)])
+        if closure and len(closure) <= _STREAMING_NODES and all(
+                _passed_in(view, v) for v in _initial_states(view, closure, x)):
+            candidates.setdefault(frozenset(id(n) for n in closure), [closure])
+    return list(candidates.values())
 
 
 def _passed_in(view: GraphView, name: str) -> bool:

@@ -84,6 +84,69 @@ class StackedStates(nn.Module):
         return torch.sigmoid(self.head(torch.relu(h).unsqueeze(-1))).squeeze(1), torch.stack([h, c])
 
 
+class WrittenOutGRU(nn.Module):
+    """A GRU cell written out as a decoder step writes it by hand: two Linears, gates sliced out, torch's equations
+    (the reset applied to h's product and its bias: linear_before_reset)."""
+
+    def __init__(self, inputs: int):
+        super().__init__()
+        self.ih, self.hh = nn.Linear(inputs, 3 * HIDDEN), nn.Linear(HIDDEN, 3 * HIDDEN)
+
+    def forward(self, x, h):
+        gi, gh = self.ih(x), self.hh(h)
+        r = torch.sigmoid(gi[:, :HIDDEN] + gh[:, :HIDDEN])
+        z = torch.sigmoid(gi[:, HIDDEN:2 * HIDDEN] + gh[:, HIDDEN:2 * HIDDEN])
+        n = torch.tanh(gi[:, 2 * HIDDEN:] + r * gh[:, 2 * HIDDEN:])
+        return (1 - z) * n + z * h
+
+
+class DecoderStep(nn.Module):
+    """A seq2seq decoder's step: two cells in turn (the second reads the first's new h), every state passed in and
+    returned, log-probabilities from the second's h: forward(x, h1, [c1,] h2[, c2]) -> (logp, the new states)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        if kind == "gru":
+            self.first, self.second = WrittenOutGRU(FEATURES), WrittenOutGRU(HIDDEN)
+        else:
+            self.first, self.second = nn.LSTMCell(FEATURES, HIDDEN), nn.LSTMCell(HIDDEN, HIDDEN)
+        self.out = nn.Linear(HIDDEN, 5)
+
+    def forward(self, x, a, b, c=None, d=None):  # GRU: h1, h2; LSTM: h1, c1, h2, c2
+        if self.kind == "gru":
+            h1 = self.first(x, a)
+            h2 = self.second(h1, b)
+            return torch.log_softmax(self.out(h2), -1), h1, h2
+        h1, c1 = self.first(x, (a, b))
+        h2, c2 = self.second(h1, (c, d))
+        return torch.log_softmax(self.out(h2), -1), h1, c1, h2, c2
+
+
+class CRNN(nn.Module):
+    """A text recogniser's head: a Conv1d over the image's columns, then a BiLSTM of two nn.LSTMCells stepped in Python
+    over its 20 columns (the backward one from the last, its hs put back in order), then a Linear:
+    forward(image [N, 3, 20]) -> log-probabilities [20, N, 5]."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv1d(3, FEATURES, 3, padding=1), nn.Linear(2 * HIDDEN, 5)
+        self.forward_cell, self.backward_cell = make_cell("lstm", True), make_cell("lstm", True)
+
+    def forward(self, image):
+        x = self.conv(image).permute(2, 0, 1)  # [T, N, F]
+        directions = []
+        steps = x.shape[0]
+        for cell, order in ((self.forward_cell, range(steps)), (self.backward_cell, range(steps - 1, -1, -1))):
+            h = c = x.new_zeros(x.shape[1], HIDDEN)
+            hs = {}
+            for t in order:
+                h, c = cell(x[t], (h, c))
+                hs[t] = h
+            directions.append(torch.stack([hs[t] for t in range(x.shape[0])]))
+        return self.fc(torch.cat(directions, -1)).log_softmax(-1)
+
+
 @dataclass
 class Case:
     name: str
@@ -91,6 +154,7 @@ class Case:
     module: nn.Module
     inputs: dict[str, list]  # name -> dims ("batch" is the dynamic axis)
     outputs: list[str]
+    dynamo: bool = True  # also exported by dynamo (the CRNN: TorchScript only; dynamo's copy is 460 kB)
 
 
 def cases() -> list[Case]:
@@ -116,6 +180,14 @@ def cases() -> list[Case]:
     found.append(Case("lstm_step_stacked_state", "lstm cell, one step per call, states stacked in one input and output "
                       "(silero VAD's decoder)", StackedStates(),
                       {"x": ["batch", FEATURES], "state": [2, "batch", HIDDEN]}, ["probability", "state_n"]))
+    found.append(Case("gru2_decoder_step", "decoder step: two GRU cells written out (Linear, gate slices, sigmoid, "
+                      "tanh)", DecoderStep("gru"), {"x": ["batch", FEATURES], "h1": ["batch", HIDDEN],
+                                           "h2": ["batch", HIDDEN]}, ["logp", "h1_n", "h2_n"]))
+    found.append(Case("lstm2_decoder_step", "decoder step: two nn.LSTMCells in turn", DecoderStep("lstm"),
+                      {"x": ["batch", FEATURES], **{s: ["batch", HIDDEN] for s in ("h1", "c1", "h2", "c2")}},
+                      ["logp", "h1_n", "c1_n", "h2_n", "c2_n"]))
+    found.append(Case("bilstm_crnn", "CRNN: Conv1d, a BiLSTM of two nn.LSTMCells stepped over 20 columns, Linear",
+                      CRNN(), {"image": ["batch", 3, 20]}, ["logp"], dynamo=False))
     return found
 
 
@@ -154,7 +226,7 @@ def main(names: list[str]):
         for parameter in case.module.parameters():  # torch's default init, reseeded per case
             nn.init.uniform_(parameter, -0.5, 0.5)
         case.module.eval()
-        for dynamo in (False, True):
+        for dynamo in (False, True)[:1 + case.dynamo]:
             path = HERE / f"{'dynamo' if dynamo else 'ts'}_{case.name}.onnx"
             settings = export(case, dynamo, path)
             model = onnx.load(path)
