@@ -2,11 +2,12 @@
 
 torch's eager convolution reorders the weight into oneDNN's blocked layout on every call, and on one thread it runs
 many convolutions on its reference im2col kernel instead (a detector's first layer: 3.2 ms there, 0.5 ms on oneDNN
-with a packed weight). When nothing needs a gradient, a converted model's 1-D and 2-D convolutions with more than
-``SMALL_POSITIONS`` output positions run oneDNN's convolution on the weight reordered once, on the input in
-channels-last layout (oneDNN's own; the output stays channels-last, which every later op reads by strides). Smaller
-ones stay torch's: oneDNN's fixed cost per call (about 40 us with the layout change) exceeds what it saves there, and
-other small-size formulations (one product of the windows) measured no faster inside whole models.
+with a packed weight; its 13x13 layers of 256 channels: 1.7 ms each there). When nothing needs a gradient, a
+converted model's 1-D and 2-D convolutions of at least ``SMALL_WORK`` multiply-adds run oneDNN's convolution on the
+weight reordered once, on the input in channels-last layout (oneDNN's own; the output stays channels-last, which
+every later op reads by strides). Smaller ones stay torch's: oneDNN's fixed cost per call (about 40 us with the
+layout change) exceeds what it saves there, and other formulations (one product of the windows) measured no faster
+inside whole models.
 Under torch.compile (not export), a small convolution that needs no gradient is written as the product of its windows
 (unfold, one batched matmul): inductor then fuses the window copy with its neighbours and calls one GEMM, where
 torch's convolution would run its reference kernel (a VAD at batch 1: 457 -> 236 us per compiled call).
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 
 from ..torch_compat import onednn_convolution
 
-SMALL_POSITIONS = 256  # output positions (batch x spatial) up to which torch's own convolution is kept
+SMALL_WORK = 1 << 19  # multiply-adds below which a convolution is small (oneDNN's fixed cost is about 40 us)
 
 
 def inference_call(x: Tensor, weight: Tensor) -> bool:
@@ -86,12 +87,12 @@ class _PackedConv:
         x2, weight = (x.unsqueeze(2), self.weight.unsqueeze(2)) if one_d else (x, self.weight)
         padding, stride, dilation = ([*([0] if one_d else []), *self.padding], [*([1] if one_d else []), *self.stride],
                                      [*([1] if one_d else []), *self.dilation])
-        positions = x2.shape[0]
+        work = x2.shape[0] * weight.numel()  # multiply-adds: batch x output positions x weight elements
         for size, k, p, s, d in zip(x2.shape[2:], weight.shape[2:], padding, stride, dilation, strict=True):
-            positions *= (size + 2 * p - d * (k - 1) - 1) // s + 1
-        if compiled and positions <= SMALL_POSITIONS:
+            work *= (size + 2 * p - d * (k - 1) - 1) // s + 1
+        if compiled and work < SMALL_WORK:
             y = window_product(x2, weight, self.bias, padding, stride, dilation, self.groups)
-        elif not compiled and positions > SMALL_POSITIONS:
+        elif not compiled and work >= SMALL_WORK:
             y = self._onednn(x2, weight, padding, stride, dilation)
         else:
             return super().forward(x)
