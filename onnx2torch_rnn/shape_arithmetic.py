@@ -275,7 +275,11 @@ def _one(value: Value) -> Int:
 
 
 def _shape(t, node, output):
-    return t.dims(node.input(0))[node.attr("start", 0):node.attr("end", None)]  # slicing clamps as ONNX does
+    start, end = node.attr("start", 0), node.attr("end", None)  # slicing clamps as ONNX does
+    with contextlib.suppress(_NotShape):  # the shape of a shape value (torch.onnx's repeat: Shape of its repeats)
+        value = t.value(node.input(0))
+        return ([len(value)] if isinstance(value, list) else [])[start:end]
+    return t.dims(node.input(0))[start:end]
 
 
 def _gather(t, node, output):
