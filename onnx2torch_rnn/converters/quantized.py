@@ -103,8 +103,8 @@ def matmul_integer(node: OnnxNode, ctx) -> Converted:
     combination. Exact.
 
     a_zero_point is a scalar or per row of A (an M-vector, or [..., M, 1]); b_zero_point a scalar or per column
-    of B ([N] or [..., 1, N]). Products are exact (float64); onnxruntime's int32 accumulator would wrap only past
-    2^31.
+    of B ([N] or [..., 1, N]). Products are exact: torch's int8 GEMM with int32 accumulators (float64 when B is
+    batched), wrapping past 2^31 as onnxruntime's int32 accumulator does.
     """
     for index in range(4):
         checked_type(node, ctx, index, (torch.int8, torch.uint8))
@@ -117,7 +117,8 @@ def conv_integer(node: OnnxNode, ctx) -> Converted:
     pads, auto_pad); int8/uint8 operands. Exact.
 
     w_zero_point is a scalar or per output channel; padding counts as x_zero_point (zero after the shift), as
-    onnxruntime pads.
+    onnxruntime pads. Computed in float32 where every partial sum stays an integer below 2^24 (at most 258 taps per
+    output: input channels per group times kernel size), else in float64.
     """
     for index in range(4):
         checked_type(node, ctx, index, (torch.int8, torch.uint8))

@@ -1,11 +1,12 @@
 """Quantized arithmetic as onnxruntime's CPU kernels compute it.
 
-Integer products are exact: operands minus their zero points are multiplied in float64, where every sum of
-int8/uint8/int16 products stays an exact integer (the int32 accumulator of onnxruntime, which would only wrap past
-2^31, i.e. for inner dimensions above 33,000 at full uint8 range). Float steps follow onnxruntime's order of
-operations in float32: ``float(acc) * (a_scale * b_scale / y_scale)``, then rounding half to even, then the zero
-point and saturation. Where MLAS fuses a multiply and an add (FMA), ``fma`` computes the product exactly in float64
-and rounds once more to float32.
+Integer products are exact: matrix products of 8-bit operands run on torch's int8 GEMM (``torch._int_mm``) with
+int32 accumulators, the zero points applied as row and column sums (``integer_matmul``); like onnxruntime's int32
+accumulator they would only wrap past 2^31 (inner dimensions above 33,000 at full uint8 range). Convolutions run in
+float32 where every partial sum stays an integer below 2^24 (at most 258 taps), else in float64. Float steps follow
+onnxruntime's order of operations in float32: ``float(acc) * (a_scale * b_scale / y_scale)``, then rounding half to
+even, then the zero point and saturation. Where MLAS fuses a multiply and an add (FMA), ``fma`` computes the product
+exactly in float64 and rounds once more to float32.
 """
 
 from __future__ import annotations
@@ -73,10 +74,23 @@ def fma(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
-def shifted(q: Tensor, zero_point: Tensor | None) -> Tensor:
-    """q - zero_point in float64, exact for every integer type up to 32 bits."""
-    value = q.double()
-    return value if zero_point is None else value - zero_point.double()
+def shifted(q: Tensor, zero_point: Tensor | None, dtype: torch.dtype = torch.float64) -> Tensor:
+    """q - zero_point as floats (float64: exact for every integer type up to 32 bits; float32 up to 24)."""
+    value = q.to(dtype)
+    return value if zero_point is None else value - zero_point.to(dtype)
+
+
+def _conv_dtype(w: Tensor) -> torch.dtype:
+    """float32 where a convolution of 8-bit operands shifted by their zero points (each at most 255 in magnitude)
+    by ``w`` stays exact in any summation order (every partial sum an integer below 2^24), else float64."""
+    taps = math.prod(w.shape[1:])
+    return torch.float32 if taps * 255 * 255 < 2**24 else torch.float64
+
+
+def integer_conv(conv: Conv, x: Tensor, w: Tensor, x_zero_point: Tensor | None, w_zero_point: Tensor | None):
+    """The exact convolution of x - x_zero_point by w - w_zero_point (per output channel or not), as floats."""
+    dtype = _conv_dtype(w)
+    return Conv.forward(conv, shifted(x, x_zero_point, dtype), shifted(w, _channel(w_zero_point, w.dim(), 0), dtype))
 
 
 def per_axis(parameter: Tensor | None, x: Tensor, axis: int, block_size: int = 0) -> Tensor | None:
@@ -155,9 +169,37 @@ def _row_zero_point(zero_point: Tensor | None) -> Tensor | None:
     return zero_point.unsqueeze(-1) if zero_point.dim() == 1 else zero_point
 
 
+def as_int8(q: Tensor) -> tuple[Tensor, int]:
+    """(q - offset as int8, offset): uint8 values shifted by 128 (a flip of the top bit), int8 values as they are."""
+    if q.dtype == torch.uint8:
+        return torch.bitwise_xor(q, 128).view(torch.int8), 128
+    return q, 0
+
+
+def _offset(offset: int, zero_point: Tensor | None) -> Tensor | int:
+    """offset - zero_point as int32 (a Python int when there is no zero point)."""
+    return offset if zero_point is None else offset - zero_point.to(torch.int32)
+
+
 def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_point: Tensor | None) -> Tensor:
-    """(a - a_zero_point) @ (b - b_zero_point), exact, as float64 (b's zero point scalar or per column)."""
-    return torch.matmul(shifted(a, _row_zero_point(a_zero_point)), shifted(b, b_zero_point))
+    """(a - a_zero_point) @ (b - b_zero_point) as int32, exact (a's zero point scalar or per row, b's scalar or per
+    column; int8/uint8 operands), as onnxruntime's int32 accumulator (which wraps past 2^31 as int32 does here).
+
+    With a 2-D b, torch's int8 GEMM (``torch._int_mm``) on the operands shifted to int8 (a = a8 + ca, b = b8 + cb),
+    plus the zero-point terms: with da = ca - a_zp and db = cb - b_zp, the product is a8 @ b8 + da * colsum(b8) +
+    rowsum(a8) * db + K * da * db. A batched b: float64 products of the shifted operands (exact)."""
+    if b.dim() != 2:
+        acc = torch.matmul(shifted(a, _row_zero_point(a_zero_point)), shifted(b, b_zero_point))
+        return acc.to(torch.int32)
+    (a8, ca), (b8, cb) = as_int8(a), as_int8(b)
+    da, db = _offset(ca, _row_zero_point(a_zero_point)), _offset(cb, b_zero_point)
+    acc = torch._int_mm(a8.reshape(-1, a8.shape[-1]), b8).reshape(*a8.shape[:-1], b8.shape[-1])
+    if not isinstance(da, int) or da:
+        acc = acc + da * b8.sum(0, dtype=torch.int32)
+    if not isinstance(db, int) or db:
+        acc = acc + a8.sum(-1, keepdim=True, dtype=torch.int32) * db
+        acc = acc + a8.shape[-1] * da * db if not isinstance(da, int) or da else acc
+    return acc
 
 
 class MatMulInteger(Module):
@@ -165,7 +207,7 @@ class MatMulInteger(Module):
 
     def forward(self, a: Tensor, b: Tensor, a_zero_point: Tensor | None = None,
                 b_zero_point: Tensor | None = None) -> Tensor:
-        return integer_matmul(a, b, a_zero_point, b_zero_point).to(torch.int32)
+        return integer_matmul(a, b, a_zero_point, b_zero_point)
 
 
 def _channel(parameter: Tensor | None, rank: int, axis: int = 1) -> Tensor | None:
@@ -182,8 +224,7 @@ class ConvInteger(Conv):
 
     def forward(self, x: Tensor, w: Tensor, x_zero_point: Tensor | None = None,
                 w_zero_point: Tensor | None = None) -> Tensor:
-        acc = super().forward(shifted(x, x_zero_point), shifted(w, _channel(w_zero_point, w.dim(), 0)))
-        return acc.to(torch.int32)
+        return integer_conv(self, x, w, x_zero_point, w_zero_point).to(torch.int32)
 
 
 class QLinearMatMul(Module):
@@ -200,7 +241,7 @@ class QLinearConv(Conv):
     x_scale * w_scale / y_scale (float32)."""
 
     def forward(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None):
-        acc = super().forward(shifted(x, x_zero_point), shifted(w, _channel(w_zero_point, w.dim(), 0)))
+        acc = integer_conv(self, x, w, x_zero_point, w_zero_point).double()
         if B is not None:
             acc = acc + _channel(B.double(), acc.dim())
         multiplier = _channel(as_float(x_scale) * as_float(w_scale) / as_float(y_scale), acc.dim())
@@ -209,12 +250,21 @@ class QLinearConv(Conv):
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops
 
+_CHUNK = 1 << 17  # elements of a large tensor per pass of the rational approximations
+
+
 def _rational(x: Tensor, bound: float, p: tuple[float, ...], q: tuple[float, ...]) -> Tensor:
     """clamp(x, -bound, bound) * p(x^2) / q(x^2) in float32, p and q by Horner's rule with one fused multiply-add
     per step (the float32 product is exact in float64: one rounding per step), both evaluated at once (the shorter
     one padded with leading zeros, which leave its steps unchanged). NaN stays NaN (torch's clamp keeps it, as
     MLAS's max/min order does)."""
-    clamped = x.float().clamp(-bound, bound)
+    x = x.float()
+    if x.numel() > _CHUNK:  # float64 temporaries of a large tensor: chunks that stay in cache, 5-10x faster
+        flat, out = x.reshape(-1), torch.empty_like(x)
+        for part, result in zip(flat.split(_CHUNK), out.view(-1).split(_CHUNK), strict=True):
+            result.copy_(_rational(part, bound, p, q))
+        return out
+    clamped = x.clamp(-bound, bound)
     x2 = (clamped * clamped).double()
     n = max(len(p), len(q))
     pairs = list(zip((0.0,) * (n - len(p)) + p, (0.0,) * (n - len(q)) + q, strict=True))
@@ -504,16 +554,26 @@ MLAS_ACTIVATIONS = MappingProxyType({"Sigmoid": mlas_logistic, "Tanh": mlas_tanh
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
+def quantize_int8(x: Tensor, scale: Tensor, zero_point: Tensor) -> Tensor:
+    """quantize(x, scale, zero_point, uint8) - 128, as int8 (NaN gives the lowest value, as quantize does)."""
+    value = torch.round(x.float() / scale) + (zero_point.float() - 128)
+    return value.nan_to_num(nan=-128.0).clamp(-128, 127).to(torch.int8)
+
+
 class IntegerProducts:
     """The two matrix products of onnxruntime's DynamicQuantizeLSTM, for the shared recurrent loop
     (``recurrent.runtime._cell_loop``): each float operand is quantized to uint8 on the fly over the whole matrix
     (the inputs of every step up to the longest sequence at once, the state once per step and direction), multiplied
     exactly by the weights, and scaled back by float32(a_scale * w_scale) (per column or not). Like onnxruntime, the
     weights' zero point is the first of each direction's, and rows that have ended feed zeros to the state's
-    quantization when Y is computed (their last state otherwise)."""
+    quantization when Y is computed (their last state otherwise).
+
+    The products run on torch's int8 GEMM (``integer_matmul``'s decomposition): the quantized operand shifted to
+    int8, the weights as int8 with their column sums computed once per call."""
 
     def __init__(self, w_scale: Tensor, w_zero_point: Tensor, r_scale: Tensor, r_zero_point: Tensor,
-                 ended_rows_are_zero: bool):
+                 ended_rows_are_zero: bool, prepare=None):
+        self.prepare = prepare or _Int8Weights  # (w, zero point, few_rows) -> _Int8Weights
         directions = w_scale.shape[0]
         self.w_scale, self.r_scale = (s.float().reshape(directions, -1) for s in (w_scale, r_scale))
         self.w_zero_point, self.r_zero_point = (z.reshape(directions, -1)[:, 0] for z in (w_zero_point, r_zero_point))
@@ -524,33 +584,60 @@ class IntegerProducts:
         directions, steps, batch, size = xs.shape
         longest = steps if lens is None else int(lens.max())
         scale, zero_point = dynamic_parameters(xs[0, :longest])  # reversing a row keeps its values: one range
-        x = quantize(xs, scale, zero_point, torch.uint8).reshape(directions, steps * batch, size)
-        return self._product(x, zero_point, self._weights(W, self.w_zero_point), scale * self.w_scale[:, None])
+        x = quantize_int8(xs, scale, zero_point).reshape(directions, steps * batch, size)
+        weights = self.prepare(W, self.w_zero_point, False)
+        return weights.product(x, 128 - zero_point.to(torch.int32), scale * self.w_scale[:, None])
 
-    def bind(self, R: Tensor):
+    def bind(self, R: Tensor) -> StateProduct:
         """The state's product for R [D, gH, H]: h [D, N, H] -> [D, N, gH], each direction quantized alone."""
-        weights = self._weights(R, self.r_zero_point)
-
-        def product(h: Tensor) -> Tensor:
-            scale, zero_point = (v[:, None, None] for v in dynamic_parameters(h, leading=1))
-            hq = quantize(h, scale, zero_point, torch.uint8)
-            return self._product(hq, zero_point, weights, scale * self.r_scale[:, None])
-        return product
+        activations = GateActivations(R.shape[-1], 3, R.device)
+        return StateProduct(self.prepare(R, self.r_zero_point, True), self.r_scale, activations)
 
     def state(self, h: Tensor, t: int, valid: Tensor | None) -> Tensor:
         if valid is None or t == 0 or not self.ended_rows_are_zero:
             return h
         return torch.where(valid[t - 1], h, 0.0)
 
-    @staticmethod
-    def _weights(w: Tensor, zero_point: Tensor) -> Tensor:
-        """(w - w_zp)ᵀ per direction, [D, K, gH] in float64 (w holds the float values of integers)."""
-        return shifted(w, zero_point[:, None, None]).transpose(1, 2)
 
-    @staticmethod
-    def _product(a: Tensor, a_zero_point: Tensor, weights: Tensor, multiplier: Tensor) -> Tensor:
-        """float32(int((a - a_zp) @ weights)) * multiplier, batched over directions."""
-        return torch.matmul(shifted(a, a_zero_point), weights).float() * multiplier
+class StateProduct:
+    """The recurrent product of one call (``IntegerProducts.bind``), and the gate activations its steps share."""
+
+    def __init__(self, weights: _Int8Weights, r_scale: Tensor, gate_activations: GateActivations):
+        self.weights, self.r_scale, self.gate_activations = weights, r_scale, gate_activations
+
+    def __call__(self, h: Tensor) -> Tensor:
+        """dynamic_parameters and quantize_int8 per direction, in fewer steps (the same float32 operations)."""
+        low, high = torch.aminmax(h.reshape(h.shape[0], 1, -1), dim=-1, keepdim=True)  # [D, 1, 1]
+        low, high = low.clamp(max=0), high.clamp(min=0)
+        scale = torch.where(high == low, 1.0, (high - low) / 255)
+        zero_point = torch.round((0 - low / scale).clamp(0, 255))
+        q = (torch.round(h / scale) + (zero_point - 128)).nan_to_num_(nan=-128.0).clamp_(-128, 127)
+        offset = (128 - zero_point).to(torch.int32)
+        return self.weights.product(q.to(torch.int8), offset, scale * self.r_scale[:, None])
+
+
+class _Int8Weights:
+    """One call's int8/uint8 weights [D, gH, K] as int8 matrices [K, gH] per direction (uint8 shifted by 128), with
+    what the product needs besides the int8 GEMM. ``few_rows``: the operand has few rows (the state), for which
+    torch's int8 GEMM is fastest on weights stored row by row of gH (else column by column)."""
+
+    def __init__(self, w: Tensor, zero_point: Tensor, few_rows: bool):
+        w8, shift = as_int8(w)
+        rows = [m.contiguous() for m in w8.unbind(0)]  # [gH, K] each
+        self.matrices = [m.t() if few_rows else m.t().contiguous() for m in rows]
+        self.column_sums = torch.stack([m.sum(-1, dtype=torch.int32) for m in rows])[:, None]  # [D, 1, gH]
+        offset = shift - zero_point.to(torch.int32)  # [D]: (w - w_zp) = w8 + offset
+        self.offset = offset[:, None, None] if bool((offset != 0).any()) else None
+
+    def product(self, a8: Tensor, a_offset: Tensor, multiplier: Tensor) -> Tensor:
+        """float32((a8 + a_offset) @ (w8 + offset), exact) * multiplier for a8 [D, M, K] int8, a_offset [D, 1, 1] (or
+        a scalar) int32."""
+        acc = torch.stack([torch._int_mm(a, m) for a, m in zip(a8.unbind(0), self.matrices, strict=True)])
+        acc = acc + a_offset * self.column_sums
+        if self.offset is not None:
+            rows = a8.sum(-1, keepdim=True, dtype=torch.int32) + a8.shape[-1] * a_offset
+            acc = acc + rows * self.offset
+        return acc.float() * multiplier
 
 
 def _activate(activations, x: Tensor) -> Tensor:
@@ -563,17 +650,71 @@ def _activate(activations, x: Tensor) -> Tensor:
     return torch.stack([one(act, x[d]) for d, act in enumerate(activations)])
 
 
+class _Rational:
+    """``_rational`` with its constants made once, per lane of the last axis: lanes of (count, bound, p, q, offset,
+    low) give clamp(x, -bound, bound) * p(x^2) / q(x^2) + offset, then max(., low) (the shorter polynomials padded
+    with leading zeros, which leave their Horner steps unchanged)."""
+
+    def __init__(self, groups, rank: int, device: torch.device):
+        n = max(len(c) for group in groups for c in group[2:4])
+
+        def lanes(index, dtype=torch.float32):
+            values = [v for group in groups for v in [group[index]] * group[0]]
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        self.bound, self.offset, self.low = lanes(1), lanes(4), lanes(5)
+        padded = [[(0.0,) * (n - len(c)) + c for c in group[2:4]] for group in groups]  # [group][p, q][n]
+        table = torch.tensor([[[pq[k] for pq in group] for group in padded] for k in range(n)], dtype=torch.float64)
+        counts = torch.tensor([group[0] for group in groups])
+        table = table.repeat_interleave(counts, dim=1).transpose(1, 2)  # [n, 2, lanes]
+        table = table.reshape(n, 2, *[1] * (rank - 1), -1).to(device)
+        self.first, self.coefficients = table[0].float(), list(table[1:].unbind(0))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        clamped = torch.clamp(x, -self.bound, self.bound)
+        x2 = (clamped * clamped).double()
+        value = self.first
+        for coefficient in self.coefficients:
+            value = torch.addcmul(coefficient, x2, value).float()
+        return torch.clamp(clamped * value[0] / value[1] + self.offset, min=self.low)
+
+
+class GateActivations:
+    """MLAS's activations of an LSTM step with the default ones, their constants made once per call: the sigmoid of
+    the i, o, f gates with the tanh of the c gate in one pass (``gates``: [..., 4H] in ONNX order; an offset of -0.0
+    keeps tanh's signed zeros, a lower bound of -inf leaves it unclamped), and the tanh of the cell (``cell``)."""
+
+    def __init__(self, hidden: int, rank: int, device: torch.device):
+        sigmoid = (3 * hidden, 18.0, _LOGISTIC_P, _LOGISTIC_Q, 0.5, 0.0)
+        tanh = (hidden, 9.0, _TANH_P, _TANH_Q, -0.0, -math.inf)
+        self.gates, self.cell = _Rational([sigmoid, tanh], rank, device), _Rational([tanh], rank, device)
+
+
+def _default_activations(cfg) -> bool:
+    f_act, g_act, h_act = cfg.activations
+    return all(a.name == "Sigmoid" for a in f_act) and all(a.name == "Tanh" for a in (*g_act, *h_act))
+
+
 def quantized_lstm_step(cfg, x, h, c, product, bias, p):
     """One LSTM step in onnxruntime's order on its quantized path (deep_cpu_lstm's gate loop): the state's product
     added to the input projection, then per gate the peephole term, the fused bias Wb + Rb, the clip (FLT_MAX when
     none) and the activation; C(t) = C(t-1) * f + i * g; H(t) = h(C(t)) * o. Without peepholes the gates i, o, f
-    (adjacent in ONNX order) share one activation call: element-wise, the same numbers."""
+    (adjacent in ONNX order) share one activation call: element-wise, the same numbers; with the default
+    activations all four gates share one (GateActivations), and without a clip the FLT_MAX clamp is left out (the
+    activations clamp infinities to the same bounds)."""
     f_act, g_act, h_act = cfg.activations
     limit = FLOAT32_MAX if cfg.clip is None else cfg.clip
     gates = x + product(h)
     if p is not None:
         return _peephole_step(cfg, gates, c, bias, p, limit)
-    gates = (gates if bias is None else gates + bias).clamp(-limit, limit)
+    gates = gates if bias is None else gates + bias
+    if not cfg.input_forget and _default_activations(cfg):
+        gates = gates if cfg.clip is None else gates.clamp(-limit, limit)
+        activations = product.gate_activations
+        i, o, f, g = activations.gates(gates).chunk(4, -1)
+        c = c * f + i * g
+        return activations.cell(c) * o, c
+    gates = gates.clamp(-limit, limit)
     split = 3 * h.shape[-1]
     i, o, f = _activate(f_act, gates[..., :split]).chunk(3, -1)
     f = 1 - i if cfg.input_forget else f
@@ -624,14 +765,28 @@ class DynamicQuantizeLSTM(Recurrent):
         own = {"W": self.W_quantized, "R": self.R_quantized, "W_scale": self.W_scale,
                "W_zero_point": self.W_zero_point, "R_scale": self.R_scale, "R_zero_point": self.R_zero_point}
         q = {name: own[name] if own[name] is not None else given[name] for name in self.QUANTIZED}
+        constant = all(own[name] is not None for name in ("W", "R", "W_zero_point", "R_zero_point"))
         products = IntegerProducts(q["W_scale"], q["W_zero_point"], q["R_scale"], q["R_zero_point"],
-                                   ended_rows_are_zero=self.config.outputs[0])
+                                   ended_rows_are_zero=self.config.outputs[0],
+                                   prepare=self._kept_weights if constant else None)
         lens = self.sequence_lens if sequence_lens is None else sequence_lens
         B, P = (given if mine is None else mine for mine, given in ((self.B, B), (self.P, P)))
         outputs = recurrent(self.cell, self.config, X, q["W"].transpose(1, 2), q["R"].transpose(1, 2), B, lens,
                             initial_h, initial_c, P, products=products)
         outputs = outputs[: self.num_outputs]
         return outputs[0] if self.num_outputs == 1 else outputs
+
+    def _kept_weights(self, w: Tensor, zero_point: Tensor, few_rows: bool) -> _Int8Weights:
+        """The int8 layout of a weight buffer, kept between calls while the buffer is the same tensor, unchanged
+        (its storage and version counter: ``load_state_dict`` and ``.to()`` change them): the layout copies cost
+        more than the products of a short sequence."""
+        if torch.compiler.is_compiling() or w.is_inference():  # inference tensors have no version counter
+            return _Int8Weights(w, zero_point, few_rows)
+        key = (w.data_ptr(), w._version, zero_point.data_ptr(), zero_point._version, few_rows)
+        kept = self.__dict__.setdefault("_kept", {})
+        if kept.get(few_rows, (None,))[0] != key:
+            kept[few_rows] = (key, _Int8Weights(w, zero_point, few_rows))
+        return kept[few_rows][1]
 
 
 # The modules of ONNX's integer ops: ``to_onnx`` refuses them by name (torch has no ONNX translation to integer ops,

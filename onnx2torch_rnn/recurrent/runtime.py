@@ -82,7 +82,8 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
     else:
         if torch_weights is not None:
             W, R, B = onnx_weights(cell, [prepare(w) for w in torch_weights], directions)
-        y, y_h, y_c = _cell_loop(cell, cfg, x, *(prepare(t) for t in (W, R, B, P)), lens, h0, c0, mask, products)
+        weights = (W, R) if products is not None else (prepare(W), prepare(R))  # integer weights: the products'
+        y, y_h, y_c = _cell_loop(cell, cfg, x, *weights, prepare(B), prepare(P), lens, h0, c0, mask, products)
 
     if lens is not None:  # Y is zero past each row's length; a row of length 0 ends in zero states (onnxruntime)
         if y is not None:

@@ -3,9 +3,14 @@ per-column parameters, optional inputs absent. Integer outputs must be equal (on
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
+import onnx2torch_rnn
+from onnx2torch_rnn.checking import random_inputs, run_torch
 from tests import helpers
 from tests.helpers import check, helper, make_model, single_node, tensor_type
 
@@ -406,3 +411,24 @@ def test_qlinear_softmax(dtype, shape, axis, opset):
         feeds = {"x": integers(dtype, shape)}
         model = make_model([node], [("x", dtype, shape)], [("y", dtype, shape)], values, 17, {MS: 1})
         check(model, feeds)
+
+
+def test_dynamic_quantize_lstm_keeps_its_int8_weights_only_while_they_are_unchanged():
+    """The int8 layout of W and R is kept between calls; changing the buffers (load_state_dict, in place) or moving
+    the module changes the result as a fresh conversion would compute it."""
+    path = Path(__file__).resolve().parents[1] / "models" / "quantized" / "shipped_like" / "voice_filter_dyn.onnx"
+    module = onnx2torch_rnn.convert(path)
+    feeds = random_inputs(path, 0, {"batch": 2, "time": 6})
+    first = run_torch(module, path, feeds)
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    changed = {k: torch.flip(v, [-1]) if k.endswith("_quantized") else v for k, v in state.items()}
+    module.load_state_dict(changed)
+    fresh = onnx2torch_rnn.convert(path)
+    fresh.load_state_dict(changed)
+    after = run_torch(module, path, feeds)
+    assert not np.array_equal(after[0], first[0])
+    for got, want in zip(after, run_torch(fresh, path, feeds), strict=True):
+        np.testing.assert_array_equal(got, want)
+    module.load_state_dict(state)
+    for got, want in zip(run_torch(module, path, feeds), first, strict=True):
+        np.testing.assert_array_equal(got, want)
