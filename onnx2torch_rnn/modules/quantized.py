@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..recurrent.cells import Cell
+from ..recurrent.cells import Cell, decode
 from ..recurrent.module import Recurrent
+from ..recurrent.op import _owned, output_shapes
 from ..recurrent.runtime import recurrent
 from .common import Module, attributes_repr
 from .nn import AveragePool, Conv, _window_counts, pad
@@ -627,7 +628,9 @@ class _Int8Weights:
         self.matrices = [m.t() if few_rows else m.t().contiguous() for m in rows]
         self.column_sums = torch.stack([m.sum(-1, dtype=torch.int32) for m in rows])[:, None]  # [D, 1, gH]
         offset = shift - zero_point.to(torch.int32)  # [D]: (w - w_zp) = w8 + offset
-        self.offset = offset[:, None, None] if bool((offset != 0).any()) else None
+        # eager: the term is left out when the weights need none (symmetric int8); a traced graph keeps it
+        zero = not torch.compiler.is_compiling() and not bool((offset != 0).any())
+        self.offset = None if zero else offset[:, None, None]
 
     def product(self, a8: Tensor, a_offset: Tensor, multiplier: Tensor) -> Tensor:
         """float32((a8 + a_offset) @ (w8 + offset), exact) * multiplier for a8 [D, M, K] int8, a_offset [D, 1, 1] (or
@@ -663,11 +666,11 @@ class _Rational:
             return torch.tensor(values, dtype=dtype, device=device)
 
         self.bound, self.offset, self.low = lanes(1), lanes(4), lanes(5)
-        padded = [[(0.0,) * (n - len(c)) + c for c in group[2:4]] for group in groups]  # [group][p, q][n]
-        table = torch.tensor([[[pq[k] for pq in group] for group in padded] for k in range(n)], dtype=torch.float64)
-        counts = torch.tensor([group[0] for group in groups])
-        table = table.repeat_interleave(counts, dim=1).transpose(1, 2)  # [n, 2, lanes]
-        table = table.reshape(n, 2, *[1] * (rank - 1), -1).to(device)
+        parts = []
+        for count, _, p, q, _, _ in groups:
+            padded = [(0.0,) * (n - len(c)) + c for c in (p, q)]
+            parts.append(torch.tensor(padded, dtype=torch.float64).t()[:, :, None].expand(n, 2, count))
+        table = torch.cat(parts, -1).reshape(n, 2, *[1] * (rank - 1), -1).to(device)  # [n, 2 (p, q), ..., lanes]
         self.first, self.coefficients = table[0].float(), list(table[1:].unbind(0))
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -769,10 +772,16 @@ class DynamicQuantizeLSTM(Recurrent):
         products = IntegerProducts(q["W_scale"], q["W_zero_point"], q["R_scale"], q["R_zero_point"],
                                    ended_rows_are_zero=self.config.outputs[0],
                                    prepare=self._kept_weights if constant else None)
-        lens = self.sequence_lens if sequence_lens is None else sequence_lens
         B, P = (given if mine is None else mine for mine, given in ((self.B, B), (self.P, P)))
-        outputs = recurrent(self.cell, self.config, X, q["W"].transpose(1, 2), q["R"].transpose(1, 2), B, lens,
-                            initial_h, initial_c, P, products=products)
+        if torch.compiler.is_compiling():  # one opaque node: the loop is not traced step by step
+            lens = self.static_lens if sequence_lens is None else sequence_lens
+            outputs = dynamic_quantize_lstm_op(X, q["W"], q["R"], B, lens, initial_h, initial_c, P, q["W_scale"],
+                                               q["W_zero_point"], q["R_scale"], q["R_zero_point"], self.op_config)
+            outputs = [o if wanted else None for o, wanted in zip(outputs, self.config.outputs, strict=True)]
+        else:
+            lens = self.sequence_lens if sequence_lens is None else sequence_lens
+            outputs = recurrent(self.cell, self.config, X, q["W"].transpose(1, 2), q["R"].transpose(1, 2), B,
+                                lens, initial_h, initial_c, P, products=products)
         outputs = outputs[: self.num_outputs]
         return outputs[0] if self.num_outputs == 1 else outputs
 
@@ -787,6 +796,28 @@ class DynamicQuantizeLSTM(Recurrent):
         if kept.get(few_rows, (None,))[0] != key:
             kept[few_rows] = (key, _Int8Weights(w, zero_point, few_rows))
         return kept[few_rows][1]
+
+
+@torch.library.custom_op("onnx2torch_rnn::dynamic_quantize_lstm", mutates_args=())
+def dynamic_quantize_lstm_op(X: Tensor, W: Tensor, R: Tensor, B: Tensor | None, sequence_lens: Tensor | None,
+                             initial_h: Tensor | None, initial_c: Tensor | None, P: Tensor | None, W_scale: Tensor,
+                             W_zero_point: Tensor, R_scale: Tensor, R_zero_point: Tensor,
+                             config: str) -> tuple[Tensor, Tensor, Tensor]:
+    """DynamicQuantizeLSTM as one op, what torch.compile and torch.export trace (eager modules run the loop
+    directly): the ONNX inputs (W [D, I, 4H], R [D, H, 4H]), ``config`` the recurrent op's (``cells.encode``);
+    (Y, Y_h, Y_c), an empty tensor for an output the config does not ask for."""
+    cfg = decode(config)[1]
+    products = IntegerProducts(W_scale, W_zero_point, R_scale, R_zero_point, ended_rows_are_zero=cfg.outputs[0])
+    outputs = recurrent(QUANTIZED_LSTM_CELL, cfg, X, W.transpose(1, 2), R.transpose(1, 2), B, sequence_lens,
+                        initial_h, initial_c, P, products=products)
+    outputs = [X.new_empty(0) if o is None else o for o in outputs]
+    return tuple(_owned(outputs, [X, W, R, B, sequence_lens, initial_h, initial_c, P]))
+
+
+@dynamic_quantize_lstm_op.register_fake
+def _(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point, R_scale, R_zero_point, config):
+    shapes = output_shapes(config, X, [W.transpose(1, 2), R.transpose(1, 2)])
+    return tuple(X.new_empty(shape) for shape in shapes)
 
 
 # The modules of ONNX's integer ops: ``to_onnx`` refuses them by name (torch has no ONNX translation to integer ops,

@@ -432,3 +432,50 @@ def test_dynamic_quantize_lstm_keeps_its_int8_weights_only_while_they_are_unchan
     module.load_state_dict(state)
     for got, want in zip(run_torch(module, path, feeds), first, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+QUANTIZED = Path(__file__).resolve().parents[1] / "models" / "quantized"
+TRACED = {  # model -> dims: DynamicQuantizeLSTM alone, with ConvInteger/MatMulInteger, QOperator ops, sequence_lens
+    "ts_lstm_op14_dyn_pt_s8": {"batch": 2, "time": 7},
+    "ts_crnn_op18_dyn_pt_u8": {"batch": 2, "width": 10},
+    "ts_crnn_op18_qop_u8s8": {"batch": 2, "width": 10},
+    "ts_tagger_op17_dyn_pc_u8_rr": {"batch": 2, "time": 5},
+}
+
+
+def _traced_case(name: str):
+    path = QUANTIZED / f"{name}.onnx"
+    module = onnx2torch_rnn.convert(path)
+    args = tuple(torch.from_numpy(v) for v in random_inputs(path, 0, TRACED[name]).values())
+    with torch.no_grad():
+        expected = module(*args)
+    return module, args, expected if isinstance(expected, tuple) else (expected,)
+
+
+def _assert_matches(got, expected) -> None:
+    """Integer outputs equal; float outputs to float32 rounding (inductor fuses the float ops around the int8 ones:
+    LogSoftmax differs in its last bit, no quantization step moves)."""
+    got = got if isinstance(got, tuple) else (got,)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g.detach().numpy(), e.numpy(), rtol=1e-6, atol=1e-6, strict=True)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "ts_lstm_op14_dyn_pt_s8" else pytest.mark.slow)
+                                  for n in TRACED])
+def test_int8_models_export(name):
+    """torch.export (non-strict): DynamicQuantizeLSTM is one op (onnx2torch_rnn::dynamic_quantize_lstm), not its
+    steps unrolled; the program matches the eager module."""
+    module, args, expected = _traced_case(name)
+    program = torch.export.export(module, args, strict=False)
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert ("onnx2torch_rnn.dynamic_quantize_lstm.default" in targets) == ("_dyn_" in name)
+    _assert_matches(program.module()(*args), expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TRACED))
+def test_int8_models_compile_fullgraph(name):
+    module, args, expected = _traced_case(name)
+    compiled = torch.compile(module, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        _assert_matches(compiled(*args), expected)
