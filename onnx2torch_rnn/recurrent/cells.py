@@ -199,6 +199,8 @@ def gru_step(cfg, x, h, c, rt, inner, p):
         r = _activate(f_act, _clip(cfg, x_r + h_r))
         candidate = torch.baddbmm(x_h, r * h, rt[..., 2 * size:])
     candidate = _activate(g_act, _clip(cfg, candidate))
+    if candidate.dtype != h.dtype:  # autocast: h~ and z come from low-precision products, H stays float32
+        candidate, z = candidate.to(h.dtype), z.to(h.dtype)
     return torch.lerp(candidate, h, z), None  # (1 - z) * h~ + z * H
 
 

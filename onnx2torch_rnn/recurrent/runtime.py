@@ -127,7 +127,11 @@ def _lengths(sequence_lens: Tensor | Sequence[int] | None, steps: int, device) -
         return None
     if isinstance(sequence_lens, Tensor):
         lens = sequence_lens.to(device=device, dtype=torch.int64)
-        bad = bool(((lens < 0) | (lens > steps)).any())  # the one data-dependent check
+        out_of_range = ((lens < 0) | (lens > steps)).any()
+        if lens.is_cuda and torch.cuda.is_current_stream_capturing():  # a CUDA graph cannot wait for the answer
+            torch._assert_async(~out_of_range, f"sequence_lens values must lie in [0, {steps}]")
+            return lens
+        bad = bool(out_of_range)  # the one data-dependent check: once per call, before the recurrence
     else:  # static lengths baked in at conversion
         if all(length == steps for length in sequence_lens):
             return None
@@ -239,10 +243,12 @@ def _projection(cell, cfg, xs: Tensor, W: Tensor, B: Tensor | None, lens: Tensor
         return torch.bmm(xs, wt), None
     wb, rb = B.unsqueeze(1).chunk(2, -1)
     inner, keep = None, cell.inner_bias_gates(cfg)
-    if keep:
-        hidden = W.shape[1] // cell.gates
-        inside = torch.tensor([g in keep for g in cell.onnx_gates], device=xs.device).repeat_interleave(hidden)
-        inner, rb = rb * inside, rb * ~inside
+    if keep:  # per gate, Rb either inside the step or in the projection (no host-to-device copy: CUDA graphs)
+        blocks = rb.unflatten(-1, (cell.gates, -1))
+        gate_inside = [g in keep for g in cell.onnx_gates]
+        inner, rb = (torch.stack([b if inside == wanted else torch.zeros_like(b)
+                                  for b, inside in zip(blocks.unbind(-2), gate_inside, strict=True)], -2).flatten(-2)
+                     for wanted in (True, False))
     return torch.baddbmm(wb + rb, xs, wt), inner
 
 
