@@ -403,9 +403,10 @@ class _GraphBuilder:
 
     def attribute(self, name: str, tensor: torch.Tensor) -> fx.Node:
         target = self.attribute_names(name)
-        # Weights train; a scalar (an epsilon, a clip bound, the 1 in 1 - z) is a constant, not a weight.
+        # Weights train; a scalar (an epsilon, a clip bound, the 1 in 1 - z) is a constant, not a weight. Contiguous:
+        # FSDP2 shards only contiguous parameters (a folded Transpose is a view).
         if tensor.is_floating_point() and tensor.numel() > 1:
-            self.root.register_parameter(target, nn.Parameter(tensor))
+            self.root.register_parameter(target, nn.Parameter(tensor.contiguous()))
         else:
             self.root.register_buffer(target, tensor)
         return self.graph.get_attr(target)

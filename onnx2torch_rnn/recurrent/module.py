@@ -83,8 +83,8 @@ class Recurrent(Module):
         if self.fast:
             self.rnn = self._torch_module(mode, W.to(compute), R.to(compute), None if B is None else B.to(compute))
             W = R = B = P = None  # an all-zero P adds nothing
-        for name, value in (("W", W), ("R", R), ("B", B), ("P", P)):
-            self.register_parameter(name, None if value is None else nn.Parameter(value.to(compute)))
+        for name, value in (("W", W), ("R", R), ("B", B), ("P", P)):  # contiguous: FSDP2 shards no strided one
+            self.register_parameter(name, None if value is None else nn.Parameter(value.to(compute).contiguous()))
         present = "torch" if self.fast else "".join(
             k for k in "WRBP" if getattr(self, k) is not None or k in self.runtime_weights)
         self.op_config = encode(self.cell, self.config, present)
