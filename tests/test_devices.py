@@ -13,6 +13,7 @@ import torch
 
 import onnx2torch_rnn
 from tests.helpers import recurrent_modules
+from tests.recurrent_models import convert, inputs
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # the CPU runs check the cases themselves (feeds, reference), so that a GPU run only adds the device
@@ -118,3 +119,42 @@ def test_fused_model_compiles_on_cuda(path, cudnn_ieee):
     outputs = _on("cuda", compiled(*(torch.from_numpy(v).cuda() for v in feeds.values())))
     for got, want in zip(outputs, _expected(path, feeds), strict=True):
         np.testing.assert_allclose(got.detach().cpu().numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@NEEDS_CUDA
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_exact_path_recurrence_never_waits_for_the_gpu(op, cudnn_ieee):
+    """The cell loop's forward and backward run without one host synchronisation (torch raises on any under
+    sync_debug_mode "error"): the CPU queues the steps while the GPU computes."""
+    module = convert(op, "bidirectional", "exact").to("cuda").train()
+    (x,) = (t.cuda() for t in inputs(3, 7, False))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outputs = module(x)
+        sum(o.square().mean() for o in outputs).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(p.grad is not None for p in module.parameters())
+
+
+@NEEDS_CUDA
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_exact_path_with_lengths_captures_in_a_cuda_graph(op, cudnn_ieee):
+    """With sequence_lens the exact path still captures into one CUDA graph (the lengths' range check is asynchronous
+    there), and replaying it computes what eager computes."""
+    module = convert(op, "bidirectional", "exact", lens=True).to("cuda")
+    x, lengths = (t.cuda() for t in inputs(3, 7, True))
+    with torch.no_grad():
+        expected = module(x, lengths)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            module(x, lengths)  # warm-up outside the capture, as CUDA graphs require
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = module(x, lengths)
+        graph.replay()
+    for got, want in zip(captured, expected, strict=True):
+        torch.testing.assert_close(got, want)

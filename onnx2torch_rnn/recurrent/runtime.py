@@ -264,6 +264,8 @@ def _cell_loop(cell, cfg, x, W, R, B, P, lens, h0, c0, mask, products=None):
     projection, inner = _projection(cell, cfg, _per_direction(cfg, x, lens), W, B, lens, products)
     projection = projection.view(directions, steps, batch, W.shape[1])
     rt = R.transpose(1, 2) if products is None else products.bind(R)
+    if products is None and torch.is_autocast_enabled(x.device.type):  # cast once, not by every step's product
+        rt = rt.to(torch.get_autocast_dtype(x.device.type))
     p = None if P is None else P.unsqueeze(1)
     h = x.new_zeros(directions, batch, hidden) if h0 is None else h0
     c = (x.new_zeros(directions, batch, hidden) if c0 is None else c0) if cell.has_cell_state else None
