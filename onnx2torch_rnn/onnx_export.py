@@ -30,7 +30,7 @@ from .codegen import quiet_torch
 from .errors import ExportError
 from .modules.quantized import INTEGER_OPS
 from .onnx_rewrite import EXPORTER_OPSET, has_half_precision, lower_opset, opset_of, restore_interface
-from .recurrent import onnx_translation_table, steps_read
+from .recurrent import masked_onnx, onnx_translation_table, steps_read
 from .signature import OnnxSignature, example_inputs, recorded
 
 DEFAULT_SIZE = 4  # example size of a dynamic dim that the caller does not set
@@ -85,6 +85,7 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
     module.eval()  # ONNX semantics are inference semantics (BatchNormalization)
     try:
         proto, second = _export(module, signature, args, axes)
+        masked_onnx.expand(proto)  # the Loops of masked recurrences
         restore_interface(proto, signature)
         if keep_bound:
             _keep_bound(proto, signature)

@@ -43,13 +43,11 @@ from tests.shape_patterns import pattern_model
 pytestmark = [pytest.mark.compile,  # and torch.onnx's own deprecation warnings:
               pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")]
 
-# model -> why to_onnx refuses it (a regex on the error); the error must name the node
-# a recognised Keras layer with a mask, or a TF1 cell with sequence_length: ONNX's LSTM/GRU have no per-step mask
-# (the custom-cell Loops and the unrecognised TF1 Scans export as torch's while_loop and take the whole trip)
-MASKED = r"^(LSTM|GRU) (loop|scan) node '[^']+': torch.onnx cannot translate .*: a masked (LSTM|GRU) has no ONNX"
-KERAS_MASKED = ["keras3_embedding_mask_lstm", "keras3_masking_gru", "keras3_tagger", "tf_keras_embedding_mask_lstm",
-                "tf_keras_masking_gru", "tf_keras_tagger", "tf_v1_lstm_sequence_length"]
-EXPECTED_REFUSALS = {f"keras/{name}.onnx": MASKED for name in KERAS_MASKED}
+# model -> why to_onnx refuses it (a regex on the error); the error must name the node. None today: a recognised
+# Keras layer with a mask, or a TF1 cell with sequence_length, is written as a Loop over its cell's step
+# (test_masked_recurrences_with_holes_go_back_as_loops); the custom-cell Loops and the unrecognised TF1 Scans export
+# as torch's while_loop and take the whole trip
+EXPECTED_REFUSALS: dict[str, str] = {}
 
 # What runs by default, one model for each way back to ONNX (the other 132 are marked slow: about 3 min of CPU):
 # both torch exporters and each recurrent op, layers, directions and initial states, PackedSequence's sorting,
@@ -113,7 +111,7 @@ def fused_nodes(module: torch.fx.GraphModule) -> int:
     recognised Loop, Scan or unrolled chain (a MultiRNNCell's: one per cell), one per layer of an unrolled stack (at
     the static time the trips of dynamo's unrolled models keep; with a dynamic time a first layer whose directions
     read other steps is two nodes: test_an_unrolled_model_exports_at_the_steps_it_reads_by_default)."""
-    count = len(looped(module))
+    count = sum(not m.mask and not m.lengths for m in looped(module))  # a masked one is written as a Loop
     for node in module.graph.nodes:
         stack = module.get_submodule(node.target) if node.op == "call_module" else None
         if isinstance(stack, StackedRecurrent) and node.meta["onnx"].get("pattern") == "unrolled_cells":
@@ -154,6 +152,7 @@ def test_exporter_model_round_trips(folder, entry, sizes, tmp_path):
     static = {name: size for name, size in options["dims"].items() if name not in options["dynamic"]}
     assert interface(written) == interface(model, static)
     assert recurrent_nodes(written) == summary.recurrent_nodes == recurrent_nodes(model) + fused_nodes(module)
+    assert [n.op_type for n in written.graph.node].count("Loop") >= sum(m.mask or m.lengths for m in looped(module))
     assert min(recorded(module).opset, 18) <= summary.opset == written.opset_import[0].version <= 18
     tolerance = FLOAT16_TOLERANCE if has_float16(model) else {"rtol": 1e-4, "atol": 1e-5}
     names = [o.name for o in model.graph.output]
@@ -182,6 +181,32 @@ def test_an_unrolled_model_exports_at_the_steps_it_reads_by_default(tmp_path):
     for got, want in zip(run_onnxruntime(tmp_path / "model.onnx", {"x": x}),
                          run_onnxruntime(MODELS / "torch" / "dynamo_rnn_relu_l2_bi_bf.onnx", {"x": x}), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("file, holes", [("keras3_tagger.onnx", "tokens"), ("tf_keras_masking_gru.onnx", "steps"),
+                                         ("tf_keras_embedding_mask_lstm.onnx", "tokens")])
+def test_masked_recurrences_with_holes_go_back_as_loops(file, holes, tmp_path):
+    """A masked Keras layer (ONNX's LSTM/GRU have no per-step mask) is written as a Loop over its cell's step with the
+    mask's selects, as the original was: it keeps the states and holds (or zeroes) the output at masked steps
+    anywhere, not only at the end (padding tokens 0, or all-zero steps for Masking)."""
+    model = onnx.load(MODELS / "keras" / file)
+    module = onnx2torch_rnn.convert(model)
+    summary = to_onnx(module, tmp_path / "model.onnx")
+    written = onnx.load(tmp_path / "model.onnx")
+    assert summary.recurrent_nodes == 0 and "Loop" in [n.op_type for n in written.graph.node]
+    assert not any(o.domain.startswith("onnx2torch_rnn") for o in written.opset_import)
+    rng = np.random.default_rng(5)
+    for batch, time in ((2, 6), (3, 9)):
+        if holes == "tokens":
+            x = rng.integers(1, 12, (batch, time)).astype(np.int32)
+            x[0, 1], x[1, 2:4], x[-1, -2:] = 0, 0, 0  # holes in the middle and padding at the end
+        else:
+            x = rng.standard_normal((batch, time, 5)).astype(np.float32)
+            x[0, 1], x[1, 2:4], x[-1, -2:] = 0.0, 0.0, 0.0
+        with torch.no_grad():
+            expected = module(torch.from_numpy(x))
+        for got, want in zip(run_onnxruntime(tmp_path / "model.onnx", {"x": x}), (expected,), strict=True):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_listed_models_are_models_of_the_suite():
@@ -376,9 +401,9 @@ def test_cli_writes_the_fine_tuned_model(tmp_path, capsys, recwarn):
 
 
 def test_cli_refusals_and_exit_codes(tmp_path, capsys):
-    masked = MODELS / "keras" / "keras3_masking_gru.onnx"
-    assert main(["to-onnx", str(masked), "-o", str(tmp_path / "m.onnx")]) == 1
-    assert re.search(r"^not written: GRU loop node '[^']+': torch.onnx cannot translate", capsys.readouterr().err)
+    int8 = MODELS / "quantized" / "ts_lstm_op14_dyn_pt_s8.onnx"  # exact int8 ops: refused
+    assert main(["to-onnx", str(int8), "-o", str(tmp_path / "m.onnx")]) == 1
+    assert re.search(r"^not written: .*to_onnx does not write int8 ops back", capsys.readouterr().err)
     torch.save({"nothing": torch.zeros(1)}, tmp_path / "bad.pt")
     assert main(["to-onnx", str(MODELS / "torch" / "ts_lstm_op14.onnx"), "-o", str(tmp_path / "m.onnx"),
                  "--weights", str(tmp_path / "bad.pt")]) == 2

@@ -8,6 +8,8 @@
     kernel/     the native CPU kernel (C++, built on first use) and its loader
     op.py       the ``onnx2torch_rnn::recurrent`` torch op: kernel or Python implementation, fake (shape)
                 implementation, autograd for compiled training, the ONNX translation for export back
+    masked_onnx.py  a masked recurrence back to ONNX: the translation's placeholder node and the Loop over the
+                cell's step that replaces it after export (ONNX's LSTM/GRU/RNN have no per-step mask)
     module.py   OnnxLSTM / OnnxGRU / OnnxRNN: parameters, configuration, which path each call takes;
                 StackedRecurrent: layers in turn (what recognition makes of per-layer nodes with glue);
                 LoopedRecurrent / LoopedStack: one layer, or layers in turn, as a Loop or Scan body writes them

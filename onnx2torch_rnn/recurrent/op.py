@@ -210,7 +210,8 @@ torch.library.register_autograd(DIFFERENTIABLE_OP_NAME, _backward, setup_context
 def onnx_translation_table() -> dict:
     """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``: the op becomes the ONNX LSTM, GRU
     or RNN node it came from (every attribute restored; fast-path weights reordered back to the ONNX gate order,
-    which the exporter's optimiser folds into the initializers). Also the stable sort of converted TopK nodes, which
+    which the exporter's optimiser folds into the initializers; a masked one: masked_onnx's placeholder, which
+    to_onnx expands into a Loop). Also the stable sort of converted TopK nodes, which
     the exporter lacks: ONNX TopK over the whole axis is one (equal values keep index order)."""
     ops = torch.ops.onnx2torch_rnn
     return {ops.recurrent.default: _to_onnx, ops.recurrent_differentiable.default: _to_onnx,
@@ -256,13 +257,31 @@ def _onnx_attributes(cell, cfg, hidden) -> dict:
     return attributes
 
 
+def _masked(cell, cfg, inputs, mask, hidden):
+    """The placeholder node of a masked recurrence (one direction, no P): masked_onnx.SCHEMA."""
+    from onnxscript import values
+
+    from .masked_onnx import DOMAIN, SCHEMA
+
+    if len(inputs) > 7 and inputs[7] is not None:
+        raise NotImplementedError(f"a masked {cell.op_type} with peepholes has no ONNX Loop here")
+    acts = cfg.onnx_activations()
+    node = values.Op(values.Opset(DOMAIN, 1), SCHEMA.name, SCHEMA)
+    outputs = node(*inputs[:4], *inputs[5:7], *([None] if cell.op_type != "LSTM" else []), mask,
+                   cell=cell.op_type, hidden_size=hidden, activations=[a.name for a in acts],
+                   activation_alpha=[a.alpha or 0.0 for a in acts], activation_beta=[a.beta or 0.0 for a in acts],
+                   linear_before_reset=int(cfg.linear_before_reset), mask_output=cfg.mask_output)
+    return outputs if cell.has_cell_state else outputs[:2]
+
+
 def _to_onnx(X, weights, config, sequence_lens, initial_h, initial_c, mask):
     from onnx import TensorProto
     from onnxscript import opset18 as op  # the exporter's opset; LSTM/GRU/RNN are unchanged from 14 to 22
 
     cell, cfg, fmt = decode(config)
-    if mask is not None:
-        raise NotImplementedError(f"a masked {cell.op_type} has no ONNX {cell.op_type} equivalent")
+    if mask is not None and (cfg.direction != "forward" or cfg.clip is not None or cfg.input_forget):
+        raise NotImplementedError(f"a masked {cell.op_type} with direction={cfg.direction}, clip={cfg.clip} or "
+                                  f"input_forget has no ONNX Loop here")
     float32 = X.dtype == TensorProto.FLOAT
 
     def as_float(t):  # onnxruntime's LSTM/GRU run float32 only; other dtypes are computed in it and cast back
@@ -277,7 +296,11 @@ def _to_onnx(X, weights, config, sequence_lens, initial_h, initial_c, mask):
     inputs = [batch_major(X), W, R, B, lens, batch_major(initial_h)]
     if cell.op_type == "LSTM":
         inputs += [batch_major(initial_c), P]
-    outputs = getattr(op, cell.op_type)(*inputs, **_onnx_attributes(cell, cfg, weights[1].shape[-1]))
+    if mask is not None:  # no ONNX op: a Loop over the cell's step (masked_onnx.expand writes it after export)
+        outputs = _masked(cell, cfg, inputs, op.Transpose(mask, perm=[1, 0]) if cfg.layout else mask,
+                          weights[1].shape[-1])
+    else:
+        outputs = getattr(op, cell.op_type)(*inputs, **_onnx_attributes(cell, cfg, weights[1].shape[-1]))
     if not cell.has_cell_state:
         outputs = (*outputs, None)
     results = []
