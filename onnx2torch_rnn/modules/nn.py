@@ -388,8 +388,11 @@ class BatchNormalization(Module):
             running = (mean * self.momentum + batch_mean * (1 - self.momentum),
                        var * self.momentum + batch_var * (1 - self.momentum))
             return (y, *running)[: self.outputs] if self.outputs > 1 else y
-        if self.spatial:
+        if self.spatial and not (torch.compiler.is_compiling() and (mean.requires_grad or var.requires_grad)):
             return F.batch_norm(x, mean, var, scale, b, False, 0.0, self.epsilon)
+        if self.spatial:  # statistics that are parameters (shared): batch_norm's export refuses their gradient
+            shape = (-1, *[1] * (rank - 2))
+            mean, var, scale, b = (t.reshape(shape) for t in (mean, var, scale, b))
         # spatial=0: statistics per channel and position, shaped (C, D1, ..., Dn)
         return (x - mean) / torch.sqrt(var + self.epsilon) * scale + b
 
@@ -723,26 +726,39 @@ class Einsum(Module):
 
 def resize_geometry(in_sizes: Sequence[int], scales: Sequence[float] | None, sizes: Sequence[int] | None,
                     axes: Sequence[int] | None, policy: str = "stretch") -> tuple[list[int], list[float]]:
-    """(output sizes, per-axis float32 scales) as onnxruntime computes them: floor(scale * in) in float32 from
-    scales; from sizes the scale is out / in, and keep_aspect_ratio_policy rounds min/max(scale) * in half up."""
+    """(output sizes, per-axis float32 scales as Python floats) as onnxruntime computes them: floor(scale * in) in
+    float32 from scales (given as float32 values); from sizes the scale is out / in, and keep_aspect_ratio_policy
+    rounds min/max(scale) * in half up.
+
+    A whole scale k gives k * in without numpy: symbolic under compile/export (exact while float32 holds k * in
+    exactly, below 2**24), and no numpy scalar for Dynamo to trace."""
     rank = len(in_sizes)
     axes = list(range(rank)) if not axes else [a % rank for a in axes]
-    factors = [np.float32(1.0)] * rank
+    factors = [1.0] * rank
     out = list(in_sizes)
     if scales:
         for axis, value in zip(axes, scales, strict=True):
-            factors[axis] = np.float32(value)
-            out[axis] = int(factors[axis] * np.float32(in_sizes[axis]))
+            factors[axis] = value
+            size = in_sizes[axis]
+            if value == int(value) and (isinstance(size, torch.SymInt) or value * size < 2**24):
+                out[axis] = int(value) * size
+            else:
+                out[axis] = int(np.float32(value) * np.float32(size))
         return out, factors
     for axis, value in zip(axes, sizes, strict=True):
         out[axis] = int(value)
-        factors[axis] = np.float32(out[axis]) / np.float32(in_sizes[axis]) if in_sizes[axis] else np.float32(1.0)
+        factors[axis] = float(np.float32(out[axis]) / np.float32(in_sizes[axis])) if in_sizes[axis] else 1.0
     if policy != "stretch":
         chosen = (min if policy == "not_larger" else max)(factors[axis] for axis in axes)
         for axis in axes:
             factors[axis] = chosen
-            out[axis] = math.floor(float(chosen * np.float32(in_sizes[axis])) + 0.5)
+            out[axis] = math.floor(float(np.float32(chosen) * np.float32(in_sizes[axis])) + 0.5)
     return out, factors
+
+
+def _float32s(values: Sequence[float] | None) -> list[float] | None:
+    """Each value rounded to float32, as a Python float."""
+    return None if values is None else [float(np.float32(v)) for v in values]
 
 
 def _original_coordinates(mode: str, length_out: int, length_in: int, scale, start: float, end: float):
@@ -824,11 +840,12 @@ class Resize(Module):
         self.axes = axes
         self.keep_aspect_ratio_policy = keep_aspect_ratio_policy
         self.roi, self.scales, self.sizes = roi, scales, sizes
+        self._scales32 = _float32s(scales)  # numpy at construction, not in a traced forward
 
     def forward(self, x, roi=None, scales=None, sizes=None):
         # run-time values: only known here (an empty scales tensor means "use sizes")
         roi = self.roi if roi is None else roi.tolist()
-        scales = self.scales if scales is None else scales.tolist()
+        scales = self._scales32 if scales is None else _float32s(scales.tolist())
         sizes = self.sizes if sizes is None else sizes.tolist()
         in_sizes = list(x.shape)
         out_sizes, factors = resize_geometry(in_sizes, scales, sizes, self.axes, self.keep_aspect_ratio_policy)
