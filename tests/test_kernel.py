@@ -4,9 +4,12 @@ them once more with ONNX2TORCH_RNN_NATIVE=0, for the Python path)."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import random
 import threading
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -298,3 +301,11 @@ def test_config_of_a_program_saved_before_hidden_size():
             for want, have in zip(expected, got, strict=False):
                 if want is not None:
                     torch.testing.assert_close(have, want)
+
+
+def test_wheel_carries_the_kernel_sources():
+    """pyproject's package data covers every source the build reads: an installed package builds the kernel too."""
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["onnx2torch_rnn.recurrent.kernel"]
+    for path in kernel.SOURCES:
+        assert any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns), path.name
