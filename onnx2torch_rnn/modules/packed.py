@@ -85,8 +85,9 @@ class _PackedConv:
             return super().forward(x)
         one_d = x.dim() == 3
         x2, weight = (x.unsqueeze(2), self.weight.unsqueeze(2)) if one_d else (x, self.weight)
-        padding, stride, dilation = ([*([0] if one_d else []), *self.padding], [*([1] if one_d else []), *self.stride],
-                                     [*([1] if one_d else []), *self.dilation])
+        height = [1] if one_d else []  # a 1-D convolution's height axis: size 1, no padding
+        padding = [0] * len(height) + list(self.padding)
+        stride, dilation = height + list(self.stride), height + list(self.dilation)
         work = x2.shape[0] * weight.numel()  # multiply-adds: batch x output positions x weight elements
         for size, k, p, s, d in zip(x2.shape[2:], weight.shape[2:], padding, stride, dilation, strict=True):
             work *= (size + 2 * p - d * (k - 1) - 1) // s + 1
