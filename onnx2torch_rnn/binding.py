@@ -39,19 +39,21 @@ def bind(proto: onnx.ModelProto, constants: Mapping[str, object]) -> tuple[onnx.
     the constants decide are inlined. Raises InvalidModelError for a name that is no run-time graph input, or a
     value that its declared type or static dims cannot hold."""
     values = _values(proto.graph, constants)
-    graph = _copy_except(proto.graph, ("node", "input"))
+    graph = copy_except(proto.graph, ("node", "input"))
     graph.input.extend(i for i in proto.graph.input if i.name not in values)
     graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in values.items())
     opsets = [o for o in proto.opset_import if o.domain in ("", "ai.onnx")]
     nodes, inlined = _inline(list(proto.graph.node), graph, values, opsets)
     graph.node.extend(nodes)
-    model = _copy_except(proto, ("graph",))
+    model = copy_except(proto, ("graph",))
     model.graph.CopyFrom(graph)
     inputs = {info.name: (position, info) for position, info in enumerate(proto.graph.input) if info.name in values}
     return model, Binding(values, frozenset(inlined), inputs)
 
 
-def _copy_except(message, skipped: tuple[str, ...]):
+def copy_except(message, skipped: tuple[str, ...]):
+    """A copy of a protobuf message without the fields named in ``skipped`` (a model without its graph, a graph
+    without its nodes): the parts kept are copied once, the skipped ones not at all."""
     copy = type(message)()
     for descriptor, value in message.ListFields():
         if descriptor.name in skipped:

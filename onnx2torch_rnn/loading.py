@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import torch
 
-from .binding import Binding, bind
+from .binding import Binding, bind, copy_except
 from .errors import InvalidModelError, UnsupportedOpsetError
 from .registry import normalize_domain
 from .tensors import external_data_path, is_external, to_torch
@@ -190,20 +190,20 @@ def _take_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, to
     weights = {t.name: to_torch(t) for t in proto.graph.initializer if _large(t) and not is_external(t)}
     if not weights:
         return proto, weights
-    graph = _copy_except(proto.graph, "initializer")
+    graph = copy_except(proto.graph, ("initializer",))
     for tensor in proto.graph.initializer:
         if tensor.name in weights:
             tensor = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
         graph.initializer.append(tensor)
-    stripped = _copy_except(proto, "graph")
+    stripped = copy_except(proto, ("graph",))
     stripped.graph.CopyFrom(graph)
     return stripped, weights
 
 
 def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of the model whose large or external initializers are typed graph inputs instead."""
-    skeleton = _copy_except(proto, "graph")
-    skeleton.graph.CopyFrom(_copy_except(proto.graph, "initializer"))
+    skeleton = copy_except(proto, ("graph",))
+    skeleton.graph.CopyFrom(copy_except(proto.graph, ("initializer",)))
     declared = {i.name for i in proto.graph.input}
     for tensor in proto.graph.initializer:
         if is_external(tensor) or _large(tensor):
@@ -213,21 +213,6 @@ def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
         else:
             skeleton.graph.initializer.append(tensor)
     return skeleton
-
-
-def _copy_except(message, skipped: str):
-    copy = type(message)()
-    for descriptor, value in message.ListFields():
-        if descriptor.name == skipped:
-            continue
-        target = getattr(copy, descriptor.name)
-        if hasattr(target, "extend"):  # repeated field
-            target.extend(value)
-        elif descriptor.message_type is not None:
-            target.CopyFrom(value)
-        else:
-            setattr(copy, descriptor.name, value)
-    return copy
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
