@@ -120,6 +120,14 @@ def tensor_type(dtype) -> int:
     return _elem_type(dtype)
 
 
+def check_file(path, run, shape: Sequence[int], seed: int = 0) -> None:
+    """``run`` (a converted module, an exported program's module, a compiled one) on a random float32 input ``x`` of
+    ``shape`` against onnxruntime on the one-input model file ``path``."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    (want,) = run_onnxruntime(onnx.load(str(path)), {"x": x})
+    np.testing.assert_allclose(run(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+
+
 def check_reference(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], rtol=1e-4, atol=1e-5):
     """Like ``check`` for cases onnxruntime refuses: onnx's reference evaluator is the oracle."""
     from onnx.reference import ReferenceEvaluator
@@ -345,10 +353,10 @@ def single_node(op, inputs, feeds, initializers, opset, outputs=("y",), domain="
     return model, feeds
 
 
-__all__ = ["CONV_CASES", "TensorProto", "assert_float_only", "check", "check_reference", "cnn", "fast_path_modules",
-           "floats", "helper", "initializers_to_inputs", "integers", "make_model", "pairwise", "parametrize_pairwise",
-           "perturbed", "random_inputs", "recurrent_modules", "registry_restored", "run_onnxruntime", "run_torch",
-           "single_node", "tensor_type", "weighted_model"]
+__all__ = ["CONV_CASES", "TensorProto", "assert_float_only", "check", "check_file", "check_reference", "cnn",
+           "fast_path_modules", "floats", "helper", "initializers_to_inputs", "integers", "make_model", "pairwise",
+           "parametrize_pairwise", "perturbed", "random_inputs", "recurrent_modules", "registry_restored",
+           "run_onnxruntime", "run_torch", "single_node", "tensor_type", "weighted_model"]
 
 
 def sigmoid_before_first_tanh(body: onnx.GraphProto) -> None:

@@ -5,14 +5,13 @@ and time and compiles in one graph; the exported program runs at two other sizes
 
 from __future__ import annotations
 
-import numpy as np
-import onnxruntime
 import pytest
 import torch
 from torch.export import Dim
 
 import onnx2torch_rnn
 from tests.exporters.common import MODELS, read_manifest
+from tests.helpers import check_file
 from tests.recurrent_models import CountingBackend
 
 HERE = MODELS / "autoencoder"
@@ -20,22 +19,16 @@ FILES = [entry["file"] for entry in read_manifest(HERE)["models"]]
 EXPORTED = [f if "1layer" in f else pytest.param(f, marks=pytest.mark.slow) for f in FILES]  # 2 layers: -m slow
 
 
-def _check(path, run, batch: int, time: int, seed: int) -> None:
-    x = np.random.default_rng(seed).standard_normal((batch, time, 6)).astype(np.float32)
-    (want,) = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    np.testing.assert_allclose(run(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.compile
 @pytest.mark.parametrize("file", EXPORTED)
 def test_autoencoder_exports_with_dynamic_batch_and_time(file):
     path = HERE / file
     module = onnx2torch_rnn.convert(path)
-    _check(path, module, 2, 5, seed=0)
+    check_file(path, module, (2, 5, 6), seed=0)
     program = torch.export.export(module, (torch.randn(2, 5, 6),),
                                   dynamic_shapes={"x": {0: Dim("batch"), 1: Dim("time")}})
     for batch, time in ((3, 9), (5, 2)):
-        _check(path, program.module(), batch, time, seed=batch)
+        check_file(path, program.module(), (batch, time, 6), seed=batch)
 
 
 @pytest.mark.compile
@@ -44,5 +37,5 @@ def test_autoencoder_compiles_in_one_graph():
     backend = CountingBackend("eager")
     compiled = torch.compile(onnx2torch_rnn.convert(path), fullgraph=True, backend=backend, dynamic=True)
     for batch, time in ((3, 5), (4, 9)):
-        _check(path, compiled, batch, time, seed=time)
+        check_file(path, compiled, (batch, time, 6), seed=time)
     assert backend.graphs == 1

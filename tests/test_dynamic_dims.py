@@ -18,18 +18,12 @@ from torch.export import Dim
 
 import onnx2torch_rnn
 from tests.exporters.common import MODELS, read_manifest
-from tests.helpers import make_model
+from tests.helpers import check_file, make_model
 from tests.recurrent_models import CountingBackend
 
 CNN = MODELS / "cnn"
 FILES = [entry["file"] for entry in read_manifest(CNN)["models"]]
 EXPORTED = [f if "opset17" in f else pytest.param(f, marks=pytest.mark.slow) for f in FILES]  # opset 11: -m slow
-
-
-def _check(path, run, shape, seed: int) -> None:
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    (want,) = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    np.testing.assert_allclose(run(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.compile
@@ -41,7 +35,7 @@ def test_upsampling_cnn_exports_every_dim_dynamic(file):
     dims = {0: Dim("batch"), 2: 2 * Dim("half_height"), 3: 2 * Dim("half_width")}
     program = torch.export.export(module, (torch.randn(2, 3, 16, 24),), dynamic_shapes={"x": dims})
     for seed, shape in enumerate([(3, 3, 10, 32), (5, 3, 40, 6)]):
-        _check(path, program.module(), shape, seed)
+        check_file(path, program.module(), shape, seed)
 
 
 @pytest.mark.compile
@@ -51,7 +45,7 @@ def test_upsampling_cnn_compiles_in_one_graph(file):
     backend = CountingBackend("eager")
     compiled = torch.compile(onnx2torch_rnn.convert(path), fullgraph=True, backend=backend, dynamic=True)
     for seed, shape in enumerate([(5, 3, 16, 24), (6, 3, 10, 32)]):  # batch: not a channel count (duck sizing)
-        _check(path, compiled, shape, seed)
+        check_file(path, compiled, shape, seed)
     assert backend.graphs == 1
 
 
