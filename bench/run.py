@@ -7,9 +7,7 @@
                                                    # --no-train skips the original-module rows there)
     options: --threads 1 2 (the default), --no-compile, --no-models, --no-train, --no-reexport, --no-conversion,
              --filter REGEX (cases whose name matches), --budget SECONDS (timing per variant and row),
-             --out FILE (bench/results/<suite>.md),
-             --busy (the quick suite's rows at 1 and 2 threads while one spinning process per core runs:
-                     bench/results/busy.md)
+             --out FILE (bench/results/<suite>.md)
 
 Run it on otherwise idle cores: timings are medians, but with 2 threads on 2 busy cores torch's OpenMP regions wait
 for a descheduled thread (100x slowdowns seen) while onnxruntime's thread pool does not.
@@ -41,7 +39,6 @@ tagger <= 1.1x the original module's; conversion <= 1 s per 100 MB of weights, p
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -568,63 +565,6 @@ def conversion_markdown(c: dict) -> str:
             f"{c['peak_bytes'] / c['weight_bytes']:.2f} |")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# A busy machine: the quick suite while other processes keep every core busy
-
-TARGET_BUSY = 1.3  # under load, 2 threads <= 1.3x our 1 thread and <= 1.3x onnxruntime's 2 threads
-
-
-@contextlib.contextmanager
-def spinning(count: int):
-    """``count`` processes, each keeping a core busy (as a web server, a DataLoader or CI jobs next to the model)."""
-    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"  # ends with this process
-    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
-    try:
-        time.sleep(0.3)  # let them start
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-
-
-def busy_rows(cases: list[Case], budget: float) -> list[dict]:
-    """Each case at 1 and 2 threads (eager and onnxruntime) while os.cpu_count() processes spin."""
-    rows = []
-    with spinning(os.cpu_count() or 1):
-        for case in cases:
-            one, two = bench_case(case, [1, 2], False, budget)
-            rows.append({"config": case.name, "eager1": one["eager"], "eager2": two["eager"], "ort1": one["ort"],
-                         "ort2": two["ort"]})
-    return rows
-
-
-def busy_markdown(rows: list[dict]) -> str:
-    lines = [f"Under load ({os.cpu_count()} spinning processes, one per core): ratios past {TARGET_BUSY} in bold.", "",
-             "| case | eager 1 thr ms | eager 2 thr ms | ort 1 thr ms | ort 2 thr ms | eager 2/1 thr | "
-             "eager/ort 2 thr |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['config']} | {r['eager1'] * 1e3:.3f} | {r['eager2'] * 1e3:.3f} | {r['ort1'] * 1e3:.3f} | "
-                     f"{r['ort2'] * 1e3:.3f} | {_ratio(r['eager2'] / r['eager1'], TARGET_BUSY)} | "
-                     f"{_ratio(r['eager2'] / r['ort2'], TARGET_BUSY)} |")
-    over = sum(r["eager2"] > TARGET_BUSY * min(r["eager1"], r["ort2"]) for r in rows)
-    lines += ["", f"{over} of {len(rows)} rows past a target."]
-    return "\n".join(lines)
-
-
-def busy_main(args) -> int:
-    """--busy: the quick suite's single nodes and whole models, under load; writes bench/results/busy.md."""
-    cases = [recurrent_model(c) for c in suite("quick")] + (model_cases() if args.models else [])
-    cases = [c for c in cases if re.search(args.filter, c.name)]
-    text = busy_markdown(busy_rows(cases, args.budget or 0.5))
-    out = args.out or HERE / "results" / "busy.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"torch {torch.__version__}, onnxruntime {ort.__version__}, {machine()}\n\n{text}\n")
-    print(text)
-    print(f"written to {out}")
-    return 0
-
-
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -650,15 +590,11 @@ def main(argv=None) -> int:
     parser.add_argument("--filter", default="", help="only cases whose name matches this regular expression")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per variant and row")
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--busy", action="store_true",
-                        help="the quick suite (1 and 2 threads) while one spinning process per core runs")
     parser.add_argument("--measure-conversion", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure_conversion:
         _measure_conversion(args.measure_conversion)
         return 0
-    if args.busy:
-        return busy_main(args)
     if args.suite == "real":
         from real_models import run_suite
 

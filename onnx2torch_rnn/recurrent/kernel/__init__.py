@@ -23,8 +23,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("recurrent.cpp", "config.h", "vec.h"))
-# No -fopenmp: the kernel's helper threads are torch's own pool's (at::launch), not an OpenMP team.
-FLAGS = ("-O3", "-march=native", "-fno-math-errno")
+# -fopenmp: at::parallel_for is inline OpenMP code, serial without it; the OpenMP runtime it binds to at load time
+# is the libgomp.so.1 torch has already loaded (same soname), so there is one thread pool.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp")
 ENVIRONMENT = "ONNX2TORCH_RNN_NATIVE"  # "0": never build or load the kernel (the Python implementation runs)
 
 _lock = threading.Lock()  # one attempt at a time
@@ -67,7 +68,7 @@ def _try_load() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(_name(), [str(SOURCES[0])], extra_cflags=list(FLAGS),
+        cpp_extension.load(_name(), [str(SOURCES[0])], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
                            is_python_module=False,
                            verbose=logger.isEnabledFor(logging.DEBUG))
     except Exception as error:  # no compiler, no ninja, a failed build: the Python implementation runs instead
