@@ -16,6 +16,9 @@ Rows, each checked before it is timed (the converted model computes the original
 - infer: inference latency (eval, no_grad) at batch 1 and 32 of the tagger, converted against original.
 - curve: 100 Adam steps of each bench model in bfloat16 / float16 autocast against float32 from the same start on
   the same data: the largest relative difference of the loss. Target <= 2%.
+  The original Tagger's own curve is a row too: how far autocast moves a curve with no conversion at all.
+- profile (CUDA only): CUDA kernels per call, their GPU time and the wall time per call of one case of each
+  kind of miss (training step of a small tagger, exact-path cell inference and bfloat16 training).
 Precisions: float32 (no TF32 anywhere: both sides of a row in the same precision), bfloat16 and float16 under
 ``torch.autocast`` (float16 on CUDA only: oneDNN refuses nn.LSTM under float16 autocast on CPU). Times are medians
 over interleaved rounds (CUDA synchronised around each round). A row that fails (a CUDA graph capture, say) says
@@ -263,6 +266,38 @@ def graphed_inference(model: nn.Module, x: torch.Tensor, device: torch.device, p
     return graph.replay
 
 
+@functools.cache
+def _compiled(step: Callable) -> Callable:
+    # one graph per shape, dtype, config and grad mode: the bench's rows need dozens, more than Dynamo's default 8
+    torch._dynamo.config.recompile_limit = 512
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    return torch.compile(step, fullgraph=True, dynamic=False)
+
+
+@contextlib.contextmanager
+def compiled_steps():
+    """The exact path's step functions (recurrent/cells.py) compiled while the block runs: inductor fuses a step's
+    gate arithmetic into one kernel beside the state's product. The fused-step candidate that needs no kernel of the
+    library's own; a bench experiment, not the library's behaviour."""
+    from onnx2torch_rnn.recurrent import cells
+
+    saved = {cell: cell.step for cell in cells.CELLS.values()}
+    try:
+        for cell, step in saved.items():
+            object.__setattr__(cell, "step", _compiled(step))  # Cell is frozen
+        yield
+    finally:
+        for cell, step in saved.items():
+            object.__setattr__(cell, "step", step)
+
+
+def with_compiled_steps(fn: Callable) -> Callable:
+    def run(*args):
+        with compiled_steps():
+            return fn(*args)
+    return run
+
+
 def inference(model: nn.Module, x: torch.Tensor, device: torch.device, precision: str) -> Callable:
     def run():
         with torch.no_grad(), autocast(device, precision):
@@ -285,8 +320,10 @@ def failure(error: Exception) -> str:
 
 
 class Bench:
-    def __init__(self, device: torch.device, sizes: Sizes, precisions: list[str], budget: float, minutes: float):
+    def __init__(self, device: torch.device, sizes: Sizes, precisions: list[str], budget: float, minutes: float,
+                 compiled_steps: bool = False):
         self.device, self.sizes, self.precisions, self.budget = device, sizes, precisions, budget
+        self.compiled_steps = compiled_steps
         self.deadline = time.monotonic() + 60 * minutes
         self.rows: list[dict] = []
 
@@ -350,6 +387,14 @@ class Bench:
                         if self.device.type == "cuda":
                             fns["exact CUDA graph"] = Build(lambda m=exact, x=x, target=target, p=precision: train_step(
                                 m, x, target, self.device, p, graphed_training(m, x, self.device, p)))
+                        if self.compiled_steps:
+                            fns["exact compiled step"] = with_compiled_steps(
+                                train_step(exact, x, target, self.device, precision))
+                            if self.device.type == "cuda":
+                                fns["exact compiled step CUDA graph"] = Build(
+                                    lambda m=exact, x=x, target=target, p=precision: train_step(
+                                        m, x, target, self.device, p,
+                                        with_compiled_steps(graphed_training)(m, x, self.device, p)))
                         self.timed("cell train", f"{name} T{steps} B{batch}", precision, fns, f"nn.{op}",
                                    TARGET_CELL)
                 for batch, steps, _ in [s for s in self.sizes.infer if s[2] == hidden]:
@@ -360,6 +405,13 @@ class Bench:
                         if self.device.type == "cuda":
                             fns["exact CUDA graph"] = Build(lambda m=exact, x=x, p=precision: graphed_inference(
                                 m, x, self.device, p))
+                        if self.compiled_steps:
+                            fns["exact compiled step"] = with_compiled_steps(
+                                inference(exact, x, self.device, precision))
+                            if self.device.type == "cuda":
+                                fns["exact compiled step CUDA graph"] = Build(
+                                    lambda m=exact, x=x, p=precision: with_compiled_steps(graphed_inference)(
+                                        m, x, self.device, p))
                         self.timed("cell infer", f"{name} T{steps} B{batch}", precision, fns, f"nn.{op}",
                                    TARGET_CELL)
 
@@ -378,7 +430,9 @@ class Bench:
     def curve(self) -> None:
         """Autocast's loss curve against float32's over the same steps from the same start."""
         batch, steps, hidden = self.sizes.curve
-        models = {f"Tagger H{hidden} T{steps} B{batch}": lambda: exported_tagger(hidden)[1]}
+        models = {f"Tagger H{hidden} T{steps} B{batch}": lambda: exported_tagger(hidden)[1],
+                  # the module it was exported from: how far autocast moves the curve without any conversion
+                  f"Tagger original H{hidden} T{steps} B{batch}": lambda: exported_tagger(hidden)[0]}
         for op in ("LSTM", "GRU"):
             models[f"{op} exact H{hidden} T{steps} B{batch}"] = lambda op=op: exact_cell(op, hidden)[1]
         for case, make in models.items():
@@ -403,6 +457,63 @@ class Bench:
                     worst = ((losses - full).abs() / full).max().item()
                     self.add("curve", case, precision, ("float32", float(full[-1])), (precision, float(losses[-1])),
                              TARGET_CURVE, f"worst {worst:.2%}")
+
+
+    def profile(self) -> None:
+        """Where the misses go: CUDA kernels per call, their summed GPU time and the wall time per call, for one case
+        of each kind (torch.profiler over a few calls after a warm-up). A call whose GPU time is far below its wall
+        time is bound by launching kernels (the host), not by computing them."""
+        if self.device.type != "cuda":
+            return
+        hidden = 128
+        original, converted = (m.to(self.device).train() for m in exported_tagger(hidden))
+        x, target = self.randn(32, 64, hidden), self.randn(32, 64, 16)
+        self.profiled(f"train Tagger H{hidden} T64 B32", "float32",
+                      {"original": train_step(original, x, target, self.device, "float32"),
+                       "converted": train_step(converted, x, target, self.device, "float32")})
+        for op, section, (batch, steps, hidden), precision in [("LSTM", "infer", (32, 64, 256), "float32"),
+                                                               ("LSTM", "train", (32, 256, 512), "bfloat16")]:
+            cudnn, exact = (m.to(self.device).train() for m in exact_cell(op, hidden))
+            x, target = self.randn(steps, batch, hidden), self.randn(steps, batch, hidden)
+            if section == "infer":
+                fns = {f"nn.{op}": inference(cudnn, x, self.device, precision),
+                       "exact": inference(exact, x, self.device, precision),
+                       "exact CUDA graph": Build(lambda m=exact, x=x, p=precision: graphed_inference(
+                           m, x, self.device, p))}
+            else:
+                fns = {f"nn.{op}": train_step(cudnn, x, target, self.device, precision),
+                       "exact CUDA graph": Build(lambda m=exact, x=x, t=target, p=precision: train_step(
+                           m, x, t, self.device, p, graphed_training(m, x, self.device, p)))}
+            self.profiled(f"cell {section} {op} peepholes H{hidden} T{steps} B{batch}", precision, fns)
+
+    def profiled(self, case: str, precision: str, fns: dict[str, Callable]) -> None:
+        for name, fn in fns.items():
+            try:
+                kernels, gpu, wall = kernel_profile(fn.make() if isinstance(fn, Build) else fn, self.device)
+            except Exception as error:
+                self.add("profile", case, precision, (name, None), ("-", None), None, failure(error))
+                continue
+            self.add("profile", case, precision, (name, None), ("-", None), None,
+                     f"{kernels:.0f} kernels/call, GPU {gpu * 1e3:.3f} ms of {wall * 1e3:.3f} ms wall "
+                     f"({gpu / wall:.0%} busy)")
+
+
+def kernel_profile(fn: Callable, device: torch.device, calls: int = 3) -> tuple[float, float, float]:
+    """(CUDA kernels per call, their GPU seconds per call, wall seconds per call) over ``calls`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        wall = (time.perf_counter() - start) / calls
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu = sum(e.device_time for e in kernels) * 1e-6 / calls  # microseconds
+    return len(kernels) / calls, gpu, wall
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -455,20 +566,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: proves the bench runs, on any device")
-    parser.add_argument("--sections", nargs="+", default=["train", "cells", "infer", "curve"],
-                        choices=["train", "cells", "infer", "curve"])
+    parser.add_argument("--sections", nargs="+", default=["train", "cells", "infer", "curve", "profile"],
+                        choices=["train", "cells", "infer", "curve", "profile"])
     parser.add_argument("--precisions", nargs="+", default=None, choices=list(PRECISIONS),
                         help="default: all three on CUDA; float32 and bfloat16 on CPU (oneDNN's LSTM refuses float16 "
                              "autocast there, nn.LSTM's too)")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per row")
     parser.add_argument("--minutes", type=float, default=6.0, help="start no row after this many minutes")
+    parser.add_argument("--compiled-steps", action="store_true",
+                        help="cells: also the exact path with its step functions compiled (the fused-step candidate)")
     parser.add_argument("--tests", default="", help="the device tests' summary line, as the table's first row")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu.md")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     budget = args.budget if args.budget is not None else (0.02 if args.smoke else 0.6)
     precisions = args.precisions or (list(PRECISIONS) if device.type == "cuda" else ["float32", "bfloat16"])
-    bench = Bench(device, Sizes(args.smoke), precisions, budget, args.minutes)
+    bench = Bench(device, Sizes(args.smoke), precisions, budget, args.minutes, args.compiled_steps)
     started = time.monotonic()
     print(f"device: {describe(device)}\n{HEADER}", flush=True)
     if args.tests:
