@@ -266,34 +266,15 @@ def graphed_inference(model: nn.Module, x: torch.Tensor, device: torch.device, p
     return graph.replay
 
 
-@functools.cache
-def _compiled(step: Callable) -> Callable:
-    # one graph per shape, dtype, config and grad mode: the bench's rows need dozens, more than Dynamo's default 8
-    torch._dynamo.config.recompile_limit = 512
-    torch._dynamo.config.accumulated_recompile_limit = 4096
-    return torch.compile(step, fullgraph=True, dynamic=False)
-
-
-@contextlib.contextmanager
-def compiled_steps():
-    """The exact path's step functions (recurrent/cells.py) compiled while the block runs: inductor fuses a step's
-    gate arithmetic into one kernel beside the state's product. The fused-step candidate that needs no kernel of the
-    library's own; a bench experiment, not the library's behaviour."""
-    from onnx2torch_rnn.recurrent import cells
-
-    saved = {cell: cell.step for cell in cells.CELLS.values()}
-    try:
-        for cell, step in saved.items():
-            object.__setattr__(cell, "step", _compiled(step))  # Cell is frozen
-        yield
-    finally:
-        for cell, step in saved.items():
-            object.__setattr__(cell, "step", step)
-
-
 def with_compiled_steps(fn: Callable) -> Callable:
+    """fn within onnx2torch_rnn.compiled_steps(): the exact path's step functions compiled (the fused-step candidate
+    that needs no kernel of the library's own)."""
     def run(*args):
-        with compiled_steps():
+        # one graph per cell configuration, dtype, grad mode and shape regime: the bench's rows need more than
+        # Dynamo's default 8 (past it a step would run eagerly, and the row would time that)
+        torch._dynamo.config.recompile_limit = 512
+        torch._dynamo.config.accumulated_recompile_limit = 4096
+        with onnx2torch_rnn.compiled_steps():
             return fn(*args)
     return run
 
@@ -574,7 +555,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per row")
     parser.add_argument("--minutes", type=float, default=6.0, help="start no row after this many minutes")
     parser.add_argument("--compiled-steps", action="store_true",
-                        help="cells: also the exact path with its step functions compiled (the fused-step candidate)")
+                        help="cells: also the exact path within onnx2torch_rnn.compiled_steps() (its steps compiled)")
     parser.add_argument("--tests", default="", help="the device tests' summary line, as the table's first row")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu.md")
     args = parser.parse_args(argv)

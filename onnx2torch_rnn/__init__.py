@@ -4,7 +4,7 @@ The whole public API: ``convert``, ``register_converter`` with ``OnnxNode`` / ``
 ``register_pattern`` with ``GraphView`` / ``Fusion`` for custom recognition patterns,
 ``compare`` (the converted model against onnxruntime, with the first diverging node), ``to_onnx`` (a converted,
 fine-tuned module back to ONNX, as a drop-in replacement of its model), ``compile_for_inference`` (the fastest
-module for serving), and the error types.
+module for serving), ``compiled_steps`` (the exact path's cell steps compiled, for CUDA graphs), and the error types.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from .passes import unrolled as _unrolled  # noqa: F401
 from .passes import linear as _linear  # noqa: F401 - last: a recurrence's own MatMul + Add is the recurrence's
 # isort: on
 from .recurrent import onnx_translation_table
+from .recurrent.runtime import compiled_steps
 from .registry import register_converter
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "UnsupportedTypeError",
     "compare",
     "compile_for_inference",
+    "compiled_steps",
     "convert",
     "onnx_translation_table",
     "register_converter",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
@@ -70,6 +71,32 @@ def test_fine_tuning_through_torch_compile(op, path):
     assert_same(grads[1], grads[0])
     losses = fine_tune(compiled, gm, args, steps=15)
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("op", [pytest.param(op, marks=() if op == "LSTM" else pytest.mark.slow) for op in OPS])
+def test_compiled_steps_train_like_the_eager_steps(op, monkeypatch):
+    """Within compiled_steps the exact path's cell loop runs the compiled step function (a spy sees it), and gives
+    the eager loop's outputs and gradients, which match onnxruntime (tests.recurrent_models)."""
+    from onnx2torch_rnn.recurrent import runtime
+
+    compiled = []
+    monkeypatch.setattr(runtime, "_compiled", lambda step: compiled.append(step) or runtime.torch.compile(step))
+    gm = convert(op, "bidirectional", "exact", lens=True).train()
+    args = inputs(4, 6, True)
+    results = []
+    for context in (contextlib.nullcontext(), onnx2torch_rnn.compiled_steps()):
+        gm.zero_grad()
+        with context:
+            outputs = gm(*args)[:2]
+        sum(o.square().mean() for o in outputs).backward()
+        results.append([*(o.detach() for o in outputs), *(p.grad.clone() for p in gm.parameters())])
+    assert compiled and all(step is compiled[0] for step in compiled), compiled  # the cell's own step, every step
+    assert_same(results[1], results[0], rtol=1e-5, atol=1e-6)
+    with onnx2torch_rnn.compiled_steps(False):  # nested: off again
+        count = len(compiled)
+        gm(*args)
+        assert len(compiled) == count
 
 
 @pytest.mark.parametrize("path", PATHS)

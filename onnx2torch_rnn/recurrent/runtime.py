@@ -15,7 +15,10 @@ onnxruntime is the reference throughout; where it departs from the written spec 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import MappingProxyType
 
 import torch
@@ -27,6 +30,38 @@ from .validation import check_lengths_dtype, check_shape, check_shapes
 
 _TORCH_KERNELS = MappingProxyType({"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh,
                                    "RNN_RELU": torch.rnn_relu})
+# Whether the cell loop runs its step function compiled (``compiled_steps``): per thread and task, like autocast.
+_COMPILED_STEPS = contextvars.ContextVar("onnx2torch_rnn_compiled_steps", default=False)
+
+
+@contextlib.contextmanager
+def compiled_steps(enabled: bool = True) -> Iterator[None]:
+    """Within the block, the cell loop (the exact path: peepholes, clip, custom activations, GRU with
+    linear_before_reset=0, masks; training, and inference where the native kernel does not run, as on a GPU) runs
+    each step's gate arithmetic as one compiled kernel (torch.compile of the cell's step function) beside the
+    state's product, instead of a dozen small ones. On a GPU that pays inside a CUDA graph, where the launches no
+    longer cost host time (``torch.cuda.make_graphed_callables``, or ``torch.cuda.graph``); without one the step is
+    still bound by the host. The numbers are torch.compile's (fused arithmetic: equal to eager within rounding).
+    The first call of each cell configuration, dtype and grad mode compiles (seconds); torch.compile's recompile
+    limit applies (past it, the step runs eagerly)."""
+    token = _COMPILED_STEPS.set(enabled)
+    try:
+        yield
+    finally:
+        _COMPILED_STEPS.reset(token)
+
+
+@functools.cache  # one compiled wrapper per step function (three cells): torch.compile keeps its own graphs
+def _compiled(step: Callable) -> Callable:
+    return torch.compile(step, dynamic=None)
+
+
+def _step_function(cell: Cell, products) -> Callable:
+    """The cell's step function, compiled within ``compiled_steps`` (never while torch.compile or torch.export is
+    already tracing the whole loop, nor around the integer products of quantized cells)."""
+    if _COMPILED_STEPS.get() and products is None and not torch.compiler.is_compiling():
+        return _compiled(cell.step)
+    return cell.step
 
 
 def needs_grad(tensors: Iterable[Tensor | None]) -> bool:
@@ -274,10 +309,10 @@ def _cell_loop(cell, cfg, x, W, R, B, P, lens, h0, c0, mask, products=None):
     else:
         keep = None if mask is None else _per_direction(cfg, mask, None).transpose(0, 1)[..., None]  # [T, D, N, 1]
     out = x.new_zeros(directions, batch, hidden) if mask is not None else None  # a masked step's output
-    ys = []
+    ys, step = [], _step_function(cell, products)
     for t in range(steps):
         state = h if products is None else products.state(h, t, keep)
-        h_new, c_new = cell.step(cfg, projection[:, t], state, c, rt, inner, p)
+        h_new, c_new = step(cfg, projection[:, t], state, c, rt, inner, p)
         if keep is None:
             h, c = h_new, c_new
         else:
