@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..recurrent.cells import Cell, decode
-from ..recurrent.module import Recurrent
+from ..recurrent.module import Recurrent, native_inference
 from ..recurrent.op import _owned, output_shapes
 from ..recurrent.runtime import recurrent
 from .common import Module, attributes_repr
@@ -768,17 +768,19 @@ class DynamicQuantizeLSTM(Recurrent):
         own = {"W": self.W_quantized, "R": self.R_quantized, "W_scale": self.W_scale,
                "W_zero_point": self.W_zero_point, "R_scale": self.R_scale, "R_zero_point": self.R_zero_point}
         q = {name: own[name] if own[name] is not None else given[name] for name in self.QUANTIZED}
-        constant = all(own[name] is not None for name in ("W", "R", "W_zero_point", "R_zero_point"))
-        products = IntegerProducts(q["W_scale"], q["W_zero_point"], q["R_scale"], q["R_zero_point"],
-                                   ended_rows_are_zero=self.config.outputs[0],
-                                   prepare=self._kept_weights if constant else None)
         B, P = (given if mine is None else mine for mine, given in ((self.B, B), (self.P, P)))
-        if torch.compiler.is_compiling():  # one opaque node: the loop is not traced step by step
+        # one opaque node while compiling (the loop is not traced step by step); the native kernel in CPU inference
+        if torch.compiler.is_compiling() or (X.dtype != torch.float64 and
+                                             native_inference(X, (X, B, P, initial_h, initial_c))):
             lens = self.static_lens if sequence_lens is None else sequence_lens
             outputs = dynamic_quantize_lstm_op(X, q["W"], q["R"], B, lens, initial_h, initial_c, P, q["W_scale"],
                                                q["W_zero_point"], q["R_scale"], q["R_zero_point"], self.op_config)
             outputs = [o if wanted else None for o, wanted in zip(outputs, self.config.outputs, strict=True)]
         else:
+            constant = all(own[name] is not None for name in ("W", "R", "W_zero_point", "R_zero_point"))
+            products = IntegerProducts(q["W_scale"], q["W_zero_point"], q["R_scale"], q["R_zero_point"],
+                                       ended_rows_are_zero=self.config.outputs[0],
+                                       prepare=self._kept_weights if constant else None)
             lens = self.sequence_lens if sequence_lens is None else sequence_lens
             outputs = recurrent(self.cell, self.config, X, q["W"].transpose(1, 2), q["R"].transpose(1, 2), B,
                                 lens, initial_h, initial_c, P, products=products)
@@ -803,9 +805,18 @@ def dynamic_quantize_lstm_op(X: Tensor, W: Tensor, R: Tensor, B: Tensor | None, 
                              initial_h: Tensor | None, initial_c: Tensor | None, P: Tensor | None, W_scale: Tensor,
                              W_zero_point: Tensor, R_scale: Tensor, R_zero_point: Tensor,
                              config: str) -> tuple[Tensor, Tensor, Tensor]:
-    """DynamicQuantizeLSTM as one op, what torch.compile and torch.export trace (eager modules run the loop
-    directly): the ONNX inputs (W [D, I, 4H], R [D, H, 4H]), ``config`` the recurrent op's (``cells.encode``);
-    (Y, Y_h, Y_c), an empty tensor for an output the config does not ask for."""
+    """DynamicQuantizeLSTM as one op: what torch.compile and torch.export trace, and what eager CPU inference runs
+    when the native kernel is built (recurrent/kernel/dynamic_quantize_lstm.cpp, registered for CPU). The ONNX
+    inputs (W [D, I, 4H], R [D, H, 4H]), ``config`` the recurrent op's (``cells.encode``); (Y, Y_h, Y_c), an empty
+    tensor for an output the config does not ask for. This Python implementation (``reference_dynamic_quantize_lstm``)
+    runs elsewhere and is the native kernel's reference."""
+    return reference_dynamic_quantize_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
+                                           R_scale, R_zero_point, config)
+
+
+def reference_dynamic_quantize_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
+                                    R_scale, R_zero_point, config):
+    """The op's Python implementation: the shared LSTM loop with IntegerProducts and quantized_lstm_step."""
     cfg = decode(config)[1]
     products = IntegerProducts(W_scale, W_zero_point, R_scale, R_zero_point, ended_rows_are_zero=cfg.outputs[0])
     outputs = recurrent(QUANTIZED_LSTM_CELL, cfg, X, W.transpose(1, 2), R.transpose(1, 2), B, sequence_lens,

@@ -364,6 +364,18 @@ def test_dynamic_quantize_lstm_shapes(steps, batch):
     check(dqlstm_model(values, feeds, attributes), feeds, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("w_type", "per_channel"), [(np.int8, False), (np.uint8, True)])
+@pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
+def test_dynamic_quantize_lstm_long_sequences(seed, w_type, per_channel, direction):
+    """60 steps with lengths and initial states, hidden sizes off the kernel's 16-unit blocks: a state quantized one
+    step away from onnxruntime's would carry to every later step."""
+    attributes = {"hidden_size": 20, "direction": direction}
+    values, feeds = dqlstm_inputs(attributes, ("B", "lens", "h0", "c0"), w_type, per_channel, steps=60, batch=4,
+                                  size=12, lens_kind="runtime")
+    check(dqlstm_model(values, feeds, attributes), feeds, rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------- pooling and softmax
 
 POOL_CASES = [  # (attributes, x shape)

@@ -1,11 +1,12 @@
 """The native CPU kernel of the recurrent op: built on first use, cached, and registered as the op's CPU
 implementation.
 
-``load()`` compiles recurrent.cpp with torch.utils.cpp_extension (ninja, optimised for this CPU) into torch's
-extension cache, under a name that holds a hash of the sources, their folder and the flags (another version of the
-sources never reuses a stale build), and loads it; the library registers itself for ``onnx2torch_rnn::recurrent`` on
-CPU. Without a compiler (or with ``ONNX2TORCH_RNN_NATIVE=0``) nothing is registered, a warning says why once, and the
-op runs its Python implementation (recurrent/runtime.py), which computes the same numbers.
+``load()`` compiles the kernel's sources (recurrent.cpp, dynamic_quantize_lstm.cpp) with torch.utils.cpp_extension
+(ninja, optimised for this CPU) into torch's extension cache, under a name that holds a hash of the sources, their
+folder and the flags (another version of the sources never reuses a stale build), and loads it; the library registers
+itself on CPU for ``onnx2torch_rnn::recurrent`` and ``onnx2torch_rnn::dynamic_quantize_lstm`` (modules/quantized.py).
+Without a compiler (or with ``ONNX2TORCH_RNN_NATIVE=0``) nothing is registered, a warning says why once, and the ops
+run their Python implementations (recurrent/runtime.py, modules/quantized.py), which compute the same numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("recurrent.cpp", "config.h", "vec.h"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("recurrent.cpp", "dynamic_quantize_lstm.cpp", "config.h",
+                                                              "vec.h"))
+COMPILED = tuple(path for path in SOURCES if path.suffix == ".cpp")
 # -fopenmp: at::parallel_for is inline OpenMP code, serial without it; the OpenMP runtime it binds to at load time
 # is the libgomp.so.1 torch has already loaded (same soname), so there is one thread pool.
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp")
@@ -68,8 +71,8 @@ def _try_load() -> bool:
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(_name(), [str(SOURCES[0])], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
-                           is_python_module=False,
+        cpp_extension.load(_name(), [str(path) for path in COMPILED], extra_cflags=list(FLAGS),
+                           extra_ldflags=["-fopenmp"], is_python_module=False,
                            verbose=logger.isEnabledFor(logging.DEBUG))
     except Exception as error:  # no compiler, no ninja, a failed build: the Python implementation runs instead
         warnings.warn(f"onnx2torch_rnn: the native recurrent kernel could not be built ({type(error).__name__}: "

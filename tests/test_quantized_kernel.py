@@ -1,0 +1,115 @@
+"""The native DynamicQuantizeLSTM (recurrent/kernel/dynamic_quantize_lstm.cpp) against its Python reference
+(modules/quantized.py: ``reference_dynamic_quantize_lstm``), bit for bit, over random configurations; its weight
+cache. The tests against onnxruntime (tests/converters/test_onnxruntime_quantized.py, the shipped-like models) run on
+the kernel too, and CI runs them once more with ONNX2TORCH_RNN_NATIVE=0 for the Python path."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from onnx2torch_rnn.modules.quantized import (
+    QUANTIZED_LSTM_CELL,
+    dynamic_quantize_lstm_op,
+    reference_dynamic_quantize_lstm,
+)
+from onnx2torch_rnn.recurrent import kernel
+from onnx2torch_rnn.recurrent.cells import encode, make_config
+
+pytestmark = pytest.mark.skipif(not kernel.enabled(), reason=f"{kernel.ENVIRONMENT}=0: the Python path only")
+
+BOUNDED = ["Sigmoid", "HardSigmoid"]  # for the gates (in [0, 1]): states stay finite
+EXACT = ["Sigmoid", "Tanh", "Relu", "Affine", "LeakyRelu", "ThresholdedRelu", "HardSigmoid", "Softsign"]
+LIBM = ["ScaledTanh", "Elu", "Softplus"]  # libm's tanh/exp here, torch's there: a few ulps apart
+
+
+@pytest.fixture(autouse=True)
+def native_kernel():
+    if not kernel.load() and not os.environ.get("CI"):
+        pytest.skip("the native kernel could not be built here (see the warning)")
+
+
+def integers(generator, dtype, shape, low=None, high=None):
+    info = torch.iinfo(dtype)
+    low, high = info.min if low is None else low, info.max if high is None else high
+    return torch.randint(low, high + 1, shape, generator=generator).to(dtype)
+
+
+def random_case(rng: random.Random, steps: int | None = None):
+    """A random node: directions, lengths (0 and T included), initial states, peepholes, clip, input_forget, every
+    activation, int8 or uint8 weights per direction or per column, hidden sizes off and on the 16-unit blocks."""
+    direction = rng.choice(["forward", "reverse", "bidirectional"])
+    directions = 2 if direction == "bidirectional" else 1
+    hidden, size, batch = rng.choice([1, 3, 16, 21, 40]), rng.choice([1, 5, 16, 33]), rng.choice([1, 3, 5, 6])
+    steps = rng.choice([0, 1, 4, 9]) if steps is None else steps
+    attributes = {"clip": rng.choice([0.5, 3.0])} if rng.random() < 0.3 else {}
+    if rng.random() < 0.3:
+        attributes["input_forget"] = 1
+    libm = False
+    if rng.random() < 0.4:
+        names = [rng.choice(BOUNDED if k % 3 == 0 else EXACT + LIBM) for k in range(3 * directions)]
+        libm = bool(set(names) & set(LIBM))
+        attributes.update(activations=names, activation_alpha=[rng.uniform(0.1, 1) for _ in range(6)],
+                          activation_beta=[rng.uniform(0.1, 1) for _ in range(6)])
+    outputs = rng.choice([(True, True, True), (True, False, False), (False, True, True), (False, False, True)])
+    cfg = make_config(QUANTIZED_LSTM_CELL, direction=direction, outputs=outputs, **attributes)
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    dtype = rng.choice([torch.int8, torch.uint8])
+    columns = (directions, 4 * hidden) if rng.random() < 0.5 else (directions,)
+    args = {"X": torch.randn(steps, batch, size, generator=generator) * rng.choice([0.5, 3.0]),
+            "W": integers(generator, dtype, (directions, size, 4 * hidden)),
+            "R": integers(generator, dtype, (directions, hidden, 4 * hidden)), "B": None, "sequence_lens": None,
+            "initial_h": None, "initial_c": None, "P": None,
+            "W_scale": torch.rand(columns, generator=generator) * 0.03 + 0.002,
+            "W_zero_point": integers(generator, dtype, columns, 0, 0) if dtype == torch.int8 else
+            torch.full(columns, rng.randrange(100, 156), dtype=dtype),
+            "R_scale": torch.rand(columns, generator=generator) * 0.03 + 0.002}
+    args["R_zero_point"] = args["W_zero_point"].clone()
+    if rng.random() < 0.7:
+        args["B"] = torch.randn(directions, 8 * hidden, generator=generator) * 0.5
+    if rng.random() < 0.3:
+        args["P"] = torch.randn(directions, 3 * hidden, generator=generator) * 0.5
+    for name in ("initial_h", "initial_c"):
+        if rng.random() < 0.5:
+            args[name] = torch.randn(directions, batch, hidden, generator=generator)
+    if rng.random() < 0.5:
+        args["sequence_lens"] = torch.randint(0, steps + 1, (batch,), generator=generator, dtype=torch.int32)
+    letters = "WR" + "".join(k for k in "BP" if args[k] is not None)
+    return {**args, "config": encode(QUANTIZED_LSTM_CELL, cfg, letters)}, libm
+
+
+def assert_same(got, want, libm: bool, label: str):
+    for g, w in zip(got, want, strict=True):
+        if libm:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=lambda m: f"{label}: {m}")
+        else:
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{label}: {m}")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_kernel_matches_python(seed):
+    rng = random.Random(seed)
+    for _ in range(12):
+        args, libm = random_case(rng)
+        want = reference_dynamic_quantize_lstm(**args)
+        assert_same(dynamic_quantize_lstm_op(**args), want, libm, args["config"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_long_recurrences_match_python(seed):
+    """60 steps: a state quantized one step apart would carry to every later step."""
+    rng = random.Random(f"long{seed}")
+    args, libm = random_case(rng, steps=60)
+    assert_same(dynamic_quantize_lstm_op(**args), reference_dynamic_quantize_lstm(**args), libm, args["config"])
+
+
+def test_weights_are_repacked_when_they_change():
+    """The packed weights are kept per tensor and version: an in-place change is seen."""
+    args, _ = random_case(random.Random(5), steps=5)
+    first = dynamic_quantize_lstm_op(**args)
+    args["R"].copy_(torch.flip(args["R"], [-1]))
+    assert_same(dynamic_quantize_lstm_op(**args), reference_dynamic_quantize_lstm(**args), False, args["config"])
+    assert not all(torch.equal(a, b) for a, b in zip(first, dynamic_quantize_lstm_op(**args), strict=True))
