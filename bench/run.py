@@ -7,7 +7,9 @@
                                                    # --no-train skips the original-module rows there)
     options: --threads 1 2 (the default), --no-compile, --no-models, --no-train, --no-reexport, --no-conversion,
              --filter REGEX (cases whose name matches), --budget SECONDS (timing per variant and row),
-             --out FILE (bench/results/<suite>.md)
+             --out FILE (bench/results/<suite>.md),
+             --busy (the quick suite's rows at 1 and 2 threads, idle and then while one spinning process per core
+                     runs, case by case: bench/results/busy.md)
 
 Run it on otherwise idle cores: timings are medians, but with 2 threads on 2 busy cores torch's OpenMP regions wait
 for a descheduled thread (100x slowdowns seen) while onnxruntime's thread pool does not.
@@ -39,6 +41,7 @@ tagger <= 1.1x the original module's; conversion <= 1 s per 100 MB of weights, p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -565,6 +568,73 @@ def conversion_markdown(c: dict) -> str:
             f"{c['peak_bytes'] / c['weight_bytes']:.2f} |")
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# A busy machine: the quick suite while other processes keep every core busy
+
+TARGET_BUSY = 1.3  # under load, 2 threads <= 1.3x our 1 thread and <= 1.3x onnxruntime's 2 threads
+
+
+@contextlib.contextmanager
+def spinning(count: int):
+    """``count`` processes, each keeping a core busy (as a web server, a DataLoader or CI jobs next to the model)."""
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"  # ends with this process
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+    try:
+        time.sleep(0.3)  # let them start
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def busy_rows(cases: list[Case], budget: float) -> list[dict]:
+    """Each case at 1 and 2 threads (eager and onnxruntime), idle and then while os.cpu_count() processes spin: the
+    two phases of a case follow each other, so that both see the same machine (other users' load included)."""
+    rows = []
+    for case in cases:
+        row = {"config": case.name}
+        for phase, load in (("idle", contextlib.nullcontext()), ("busy", spinning(os.cpu_count() or 1))):
+            with load:
+                for r in bench_case(case, [1, 2], False, budget):
+                    row.update({f"{phase} {key}{r['threads']}": r[key] for key in ("eager", "ort")})
+        rows.append(row)
+    return rows
+
+
+def busy_markdown(rows: list[dict]) -> str:
+    lines = ["| case | idle eager 1 thr ms | 2 thr ms | ort 2 thr ms | eager/ort 2 thr | busy eager 1 thr ms | "
+             "2 thr ms | ort 2 thr ms | eager 2/1 thr | eager/ort 2 thr |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['idle eager1'] * 1e3:.3f} | {r['idle eager2'] * 1e3:.3f} | "
+                     f"{r['idle ort2'] * 1e3:.3f} | {r['idle eager2'] / r['idle ort2']:.2f} | "
+                     f"{r['busy eager1'] * 1e3:.3f} | {r['busy eager2'] * 1e3:.3f} | {r['busy ort2'] * 1e3:.3f} | "
+                     f"{_ratio(r['busy eager2'] / r['busy eager1'], TARGET_BUSY)} | "
+                     f"{_ratio(r['busy eager2'] / r['busy ort2'], TARGET_BUSY)} |")
+    over = sum(r["busy eager2"] > TARGET_BUSY * min(r["busy eager1"], r["busy ort2"]) for r in rows)
+    lines += ["", f"{over} of {len(rows)} rows past a busy target ({TARGET_BUSY}x)."]
+    return "\n".join(lines)
+
+
+def busy_main(args) -> int:
+    """--busy: the quick suite's single nodes and whole models, idle and under load; writes bench/results/busy.md."""
+    cases = [recurrent_model(c) for c in suite("quick")] + (model_cases() if args.models else [])
+    cases = [c for c in cases if re.search(args.filter, c.name)]
+    load_before = os.getloadavg()
+    rows = busy_rows(cases, args.budget or 0.3)
+    text = (f"torch {torch.__version__}, onnxruntime {ort.__version__}, {machine()}; load averages (1, 5, 15 min) "
+            f"{' '.join(f'{v:.1f}' for v in load_before)} before (other users), "
+            f"{' '.join(f'{v:.1f}' for v in os.getloadavg())} after (ours included). Busy: "
+            f"{os.cpu_count()} spinning processes, one per core. Ratios past {TARGET_BUSY} in bold.\n\n"
+            + busy_markdown(rows))
+    out = args.out or HERE / "results" / "busy.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    print(text)
+    print(f"written to {out}")
+    return 0
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -590,11 +660,15 @@ def main(argv=None) -> int:
     parser.add_argument("--filter", default="", help="only cases whose name matches this regular expression")
     parser.add_argument("--budget", type=float, default=None, help="seconds of timing per variant and row")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--busy", action="store_true",
+                        help="the quick suite (1 and 2 threads), idle and while one spinning process per core runs")
     parser.add_argument("--measure-conversion", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure_conversion:
         _measure_conversion(args.measure_conversion)
         return 0
+    if args.busy:
+        return busy_main(args)
     if args.suite == "real":
         from real_models import run_suite
 
