@@ -12,7 +12,8 @@
                      runs, case by case: bench/results/busy.md)
 
 Run it on otherwise idle cores: timings are medians, but with 2 threads on 2 busy cores torch's OpenMP regions wait
-for a descheduled thread (100x slowdowns seen) while onnxruntime's thread pool does not.
+for a descheduled thread (100x slowdowns seen; the recurrent kernel's own threads do not), while onnxruntime's thread
+pool does not.
 
 Every case is one ONNX model: a single LSTM/GRU/RNN node (the matrix: op, direction, hidden, sequence, batch, with
 and without sequence_lens, plus one exact-path case per op: peepholes, clip, a non-default activation), a 2-layer

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import random
+import threading
 import tomllib
 from pathlib import Path
 
@@ -115,32 +116,89 @@ def test_kernel_matches_python(seed):
                 torch.testing.assert_close(have, want, **tolerance, msg=lambda m, c=cfg: f"{c}: {m}")
 
 
-@pytest.mark.parametrize("hidden", [160, 600])
-@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-@pytest.mark.parametrize("op_type, attributes", [("LSTM", {}), ("GRU", {"linear_before_reset": 0}),
-                                                 ("GRU", {"linear_before_reset": 1}), ("RNN", {})])
-def test_threaded_paths_match_python(op_type, attributes, direction, hidden):
-    """Sizes large enough for the kernel to split work over 2 threads: both directions at once, or one direction's
-    hidden blocks in the input projection and, in one team of threads, in every step (random lengths). Hidden 600:
-    one direction's weights pass half of a 2 MiB L2, so a bidirectional node splits blocks, direction by direction."""
-    rng = random.Random(f"{op_type}{attributes}{direction}")
+def threaded_case(op_type, attributes, direction, hidden=160, size=96, steps=12, batch=9, seed=""):
+    """A node large enough for the kernel to share its work among threads, with random lengths."""
+    rng = random.Random(f"{op_type}{attributes}{direction}{hidden}{seed}")
     cell = CELLS[op_type]
-    directions, size, steps, batch = (2 if direction == "bidirectional" else 1), 96, 12, 9
+    directions = 2 if direction == "bidirectional" else 1
     cfg = make_config(cell, direction=direction, **attributes)
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     weights = [torch.randn(directions, cell.gates * hidden, n, generator=generator) / n**0.5 for n in (size, hidden)]
     X = torch.randn(steps, batch, size, generator=generator)
     lens = torch.tensor([rng.randint(0, steps) for _ in range(batch)], dtype=torch.int32)
-    expected = recurrent(cell, cfg, X, *weights, sequence_lens=lens)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+    return cell, cfg, X, weights, lens
+
+
+def run_threaded(cell, cfg, X, weights, lens, threads=2):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        got = op.run(X, weights, encode(cell, cfg, "WR"), lens, None, None, None)
+        return op.run(X, weights, encode(cell, cfg, "WR"), lens, None, None, None)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
+
+
+def assert_same(got, expected):
     for want, have in zip(expected, got, strict=True):
         if want is not None:
             torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("hidden, threads", [(160, 2), (600, 2), (160, 3)])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("op_type, attributes", [("LSTM", {}), ("GRU", {"linear_before_reset": 0}),
+                                                 ("GRU", {"linear_before_reset": 1}), ("RNN", {})])
+def test_threaded_paths_match_python(op_type, attributes, direction, hidden, threads):
+    """Sizes large enough for the kernel to share work among threads: both directions at once, or one direction's
+    hidden blocks in the input projection and in every step (random lengths). Hidden 600: one direction's weights
+    pass half of a 2 MiB L2, so a bidirectional node shares blocks, direction by direction. 3 threads: 10 blocks
+    in uneven ranges."""
+    cell, cfg, X, weights, lens = threaded_case(op_type, attributes, direction, hidden)
+    assert_same(run_threaded(cell, cfg, X, weights, lens, threads),
+                recurrent(cell, cfg, X, *weights, sequence_lens=lens))
+
+
+def test_two_python_threads_at_once():
+    """Two threads of the caller's own, each running its own node over and over at 2 torch threads (one of them
+    gets the kernel's workers, the other runs alone, turn by turn), get their own numbers."""
+    cases = [threaded_case("LSTM", {}, "bidirectional", seed=1), threaded_case("GRU", {}, "forward")]
+    expected = [recurrent(cell, cfg, X, *weights, sequence_lens=lens) for cell, cfg, X, weights, lens in cases]
+    results: dict[int, list] = {0: [], 1: []}
+
+    def work(k):
+        for _ in range(30):
+            results[k].append(run_threaded(*cases[k]))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for k in (0, 1):
+        assert len(results[k]) == 30
+        for got in results[k]:
+            assert_same(got, expected[k])
+
+
+class _Node(torch.utils.data.Dataset):
+    """Item k runs the node at k + 1 threads in the worker (the inputs made at the worker's own 1 thread)."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return run_threaded(*threaded_case("LSTM", {}, "forward"), threads=index + 1)[0]
+
+
+def test_dataloader_worker():
+    """Inside a DataLoader worker forked after the kernel's threads have run: at 1 thread (what the DataLoader
+    sets) and at 2 (the child has none of its parent's threads: the kernel starts its own anew)."""
+    expected = run_threaded(*threaded_case("LSTM", {}, "forward"))[0]
+    loader = torch.utils.data.DataLoader(_Node(), num_workers=1, multiprocessing_context="fork", batch_size=None)
+    results = list(loader)
+    assert len(results) == 2
+    for got in results:
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def lstm(hidden=4, size=3, **kwargs):

@@ -12,14 +12,18 @@
 //   with no gate buffer in between and no allocation per step.
 // - Rows (batch) go in tiles of up to 4, with enough independent accumulators to hide the FMA latency.
 // - Threads: a bidirectional node runs its two directions in parallel while a direction's weights stay in cache;
-//   otherwise one team of threads splits each direction's hidden blocks, in the projection and in every step (a
-//   barrier per step), when the work pays for the synchronisation.
+//   otherwise threads share each direction's hidden blocks, in the projection and in every step, when the work
+//   pays for it. The blocks are pieces claimed one by one (see `Job`): a thread the OS does not run holds up no
+//   one, where a barrier per step waited for it every step (250x slower on a busy machine).
 // float16/bfloat16 are computed in float32 and cast back (as onnxruntime does), float64 in float64.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #if __has_include(<unistd.h>)
 #include <unistd.h>  // sysconf
+#endif
+#if __has_include(<pthread.h>)
+#include <pthread.h>  // pthread_atfork
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -29,10 +33,15 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -276,21 +285,24 @@ struct Direction {
   int64_t y_t, y_n;
   T *h_prev, *h_next, *cell, *z, *rh, *last;  // [batch, hpad] each
   // per step
+  int64_t prepared = -1;  // the step that rows, x_rows and y_rows are for
   std::vector<Row> rows;
   std::vector<const T*> x_rows;
   std::vector<T*> y_rows;
 
   const Activation& act(int role) const { return c->activation(d, role); }
 
-  // X·Wᵀ + biases for every time step, in tiles of rows of X (x [rows, I]).
-  template <int G>
-  void project(const T* x, int64_t rows_total, int64_t input, bool parallel) {
-    if (!parallel) return project_blocks<G>(x, rows_total, input, 0, blocks);
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { project_blocks<G>(x, rows_total, input, b0, b1); });
+  // X·Wᵀ + biases for every time step and the hidden blocks [b0, b1), in tiles of rows of X (x [rows, I]).
+  void project(const T* x, int64_t rows_total, int64_t input, int64_t b0, int64_t b1) const {
+    switch (c->gates) {
+      case 4: return project_blocks<4>(x, rows_total, input, b0, b1);
+      case 3: return project_blocks<3>(x, rows_total, input, b0, b1);
+      default: return project_blocks<1>(x, rows_total, input, b0, b1);
+    }
   }
 
   template <int G>
-  void project_blocks(const T* x, int64_t rows_total, int64_t input, int64_t b0, int64_t b1) {
+  void project_blocks(const T* x, int64_t rows_total, int64_t input, int64_t b0, int64_t b1) const {
     const T* panels = packed->input.data_ptr<T>();
     const T* bias = packed->bias.data_ptr<T>();
     for (int64_t b = b0; b < b1; ++b) {
@@ -307,7 +319,7 @@ struct Direction {
   }
 
   template <int MR, int G>
-  void project_tile(const T* x, int64_t input, const T* panel, const T* bias, int64_t r, int64_t b) {
+  void project_tile(const T* x, int64_t input, const T* panel, const T* bias, int64_t r, int64_t b) const {
     V<T> acc[MR][G];
     product<T, MR, G>(x + r * input, input, panel, input, acc);
     for (int m = 0; m < MR; ++m) {
@@ -318,6 +330,7 @@ struct Direction {
 
   // Which rows run at processing step s, the x and Y rows they read and write (time order: reversed per row).
   void prepare_step(int64_t s) {
+    prepared = s;
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t length = lens ? lens[n] : steps;
       if (s >= length) {
@@ -466,53 +479,34 @@ struct Direction {
   };
   template <int MR> struct Rnn { static void run(Direction& s, int64_t n, int64_t b) { s.rnn_tile<MR>(n, b); } };
 
-  // One step over the hidden blocks [b0, b1). `sync` runs between the two passes of a GRU without
-  // linear_before_reset: its candidate's product reads r·H of every block.
-  template <class Sync>
-  void step_blocks(int64_t b0, int64_t b1, Sync sync) {
+  // A step's passes: two for a GRU without linear_before_reset (its candidate's product reads r·H of every block),
+  // one otherwise.
+  int passes() const { return c->cell == CellType::GRU && !c->linear_before_reset ? 2 : 1; }
+
+  // Pass `pass` of the prepared step over the hidden blocks [b0, b1).
+  void step_blocks(int pass, int64_t b0, int64_t b1) {
     switch (c->cell) {
-      case CellType::LSTM: blocks_of<Lstm>(b0, b1); break;
-      case CellType::RNN: blocks_of<Rnn>(b0, b1); break;
+      case CellType::LSTM: return blocks_of<Lstm>(b0, b1);
+      case CellType::RNN: return blocks_of<Rnn>(b0, b1);
       case CellType::GRU:
-        if (c->linear_before_reset) {
-          blocks_of<Gru>(b0, b1);
-        } else {
-          blocks_of<GruGates>(b0, b1);
-          sync();
-          blocks_of<GruCandidate>(b0, b1);
-        }
-        break;
+        if (c->linear_before_reset) return blocks_of<Gru>(b0, b1);
+        return pass == 0 ? blocks_of<GruGates>(b0, b1) : blocks_of<GruCandidate>(b0, b1);
     }
   }
 
+  // Makes this copy ready for step s of a recurrence whose states alternate between h0 (even steps read it) and h1.
+  void at_step(int64_t s, T* h0, T* h1) {
+    prepare_step(s);
+    h_prev = s % 2 ? h1 : h0;
+    h_next = s % 2 ? h0 : h1;
+  }
+
   // `longest` steps: the longest row's length. Every step writes every row's state into h_next (rows that do not
-  // run copy theirs), so after the loop h_prev holds each row's state after its own last step. With `threads` > 1
-  // one team of threads splits the hidden blocks for the whole recurrence, with a barrier per step rather than a
-  // fork and join; each thread keeps its own copy of the step's bookkeeping (rows, pointers) over the shared buffers.
-  void recur(int64_t longest, int threads) {
-#ifdef _OPENMP
-    if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-      {
-        Direction own = *this;
-        const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-        const int64_t b0 = blocks * t / n, b1 = blocks * (t + 1) / n;
-        for (int64_t s = 0; s < longest; ++s) {
-          own.prepare_step(s);
-          own.step_blocks(b0, b1, [] {
-#pragma omp barrier
-          });
-#pragma omp barrier
-          std::swap(own.h_prev, own.h_next);
-        }
-      }
-      if (longest % 2) std::swap(h_prev, h_next);  // where the threads' copies ended
-      return;
-    }
-#endif
+  // run copy theirs), so after the loop h_prev holds each row's state after its own last step.
+  void recur(int64_t longest) {
     for (int64_t s = 0; s < longest; ++s) {
       prepare_step(s);
-      step_blocks(0, blocks, [] {});
+      for (int pass = 0; pass < passes(); ++pass) step_blocks(pass, 0, blocks);
       std::swap(h_prev, h_next);
     }
   }
@@ -608,6 +602,236 @@ at::Tensor checked_lengths(const std::optional<at::Tensor>& sequence_lens, int64
   return lens;
 }
 
+// ---- threads ----------------------------------------------------------------------------------------------------
+
+// Waits a little without giving up the core (a few tens of cycles per call).
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Work in phases of `parts` pieces, run in order: a piece of phase p starts once every piece of phase p - 1 has
+// finished. Each thread (slot) owns a range of every phase's parts, which it claims first (so that a thread keeps
+// touching the same weights, which stay in its core's cache), then claims the other slots' unclaimed pieces. A
+// thread holds nothing it has not started: one the OS does not run (a busy machine) costs the others at most the
+// piece it was running, where a barrier per step waited for it at every step. Shared by the threads through a
+// shared_ptr: a worker that comes late finds nothing to claim; `piece` (the caller's) is read only by a thread that
+// has claimed a piece, which the caller waits for.
+class Job {
+ public:
+  using Piece = std::function<void(int slot, int64_t phase, int64_t part)>;
+
+  Job(int slots, int64_t phases, int64_t parts, const Piece* piece)
+      : slots_(slots), phases_(phases), parts_(parts), piece_(piece), slot_(slots) {
+    for (int k = 0; k < slots; ++k) {
+      slot_[k].first = parts * k / slots;
+      slot_[k].size = parts * (k + 1) / slots - slot_[k].first;
+    }
+  }
+
+  int slots() const { return slots_; }
+
+  // Runs pieces as slot `me` until none is left to claim; returns while others may still run theirs. The caller
+  // (slot 0), when it waits for another thread's piece far longer than its own pieces take (the OS took that thread
+  // off its core), runs every remaining piece itself: the others claim no more.
+  void work(int me) {
+    using Clock = std::chrono::steady_clock;
+    Clock::duration longest{};  // the caller's longest piece
+    Clock::time_point since;    // when the caller began to wait
+    for (int64_t waited = 0;;) {
+      if (me != 0 && alone_.load(std::memory_order_relaxed)) return;
+      int64_t phase = 0, part = 0;
+      const Claim claim = next(me, phase, part);
+      if (claim == Claim::None) return;
+      if (claim == Claim::Wait) {  // a phase still runs on another thread
+        if (me == 0 && waited == 0) since = Clock::now();
+        if (me == 0 && waited % 256 == 255 && Clock::now() - since > 4 * longest + std::chrono::microseconds(50))
+          alone_.store(true, std::memory_order_relaxed);
+        pause(waited++);
+        continue;
+      }
+      waited = 0;
+      const Clock::time_point start = me == 0 ? Clock::now() : Clock::time_point();
+      (*piece_)(me, phase, part);
+      if (me == 0) longest = std::max(longest, Clock::now() - start);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  // After `work`: waits for the pieces other threads are still running.
+  void finish() {
+    for (int64_t waited = 0; done_.load(std::memory_order_acquire) < parts_ * phases_;) pause(waited++);
+  }
+
+  // Whether the caller stopped sharing because another thread stalled it.
+  bool stalled() const { return alone_.load(std::memory_order_relaxed); }
+
+ private:
+  enum class Claim { Piece, Wait, None };  // a piece claimed; none yet (its phase waits for the last); none left
+
+  // Claims the next piece: slot `me`'s own first, then the others'.
+  Claim next(int me, int64_t& phase, int64_t& part) {
+    const int64_t open = done_.load(std::memory_order_acquire) / parts_;  // phases [0, open] may start
+    Claim result = Claim::None;
+    for (int k = 0; k < slots_; ++k) {
+      Slot& s = slot_[(me + k) % slots_];
+      for (int64_t q = s.next.load(std::memory_order_relaxed); q < s.size * phases_;) {
+        if (q / s.size > open) {
+          result = Claim::Wait;
+          break;
+        }
+        if (s.next.compare_exchange_weak(q, q + 1, std::memory_order_relaxed)) {
+          phase = q / s.size;
+          part = s.first + q % s.size;
+          return Claim::Piece;
+        }
+      }
+    }
+    return result;
+  }
+
+  // Spins first; past about 50 microseconds (a thread the OS took off its core) also gives the core away.
+  static void pause(int64_t waited) {
+    if (waited < 2000) return relax();
+    std::this_thread::yield();
+  }
+
+  struct alignas(64) Slot {
+    std::atomic<int64_t> next{0};  // pieces of this slot claimed, over all phases: q is part q % size of phase q / size
+    int64_t first = 0, size = 0;   // the slot's parts of a phase: [first, first + size)
+  };
+  const int slots_;
+  const int64_t phases_, parts_;
+  const Piece* piece_;
+  std::vector<Slot> slot_;
+  alignas(64) std::atomic<int64_t> done_{0};  // pieces finished
+  std::atomic<bool> alone_{false};
+};
+
+// Worker threads for Jobs: slot k + 1 of a job is worker k's. A worker spins for a while after each job, so that
+// the next one (a model calls the kernel layer after layer, step after step of a Loop) finds it awake, then sleeps.
+// Not torch's thread pools: an OpenMP team's region ends by waiting for every thread of the team, scheduled or not,
+// and torch's inter-op pool (at::launch) wakes its threads only by a condition variable, tens of microseconds too
+// late for a node that takes a hundred. One job at a time: a second caller (two Python threads) runs alone.
+class Pool {
+ public:
+  // This process's pool (a forked child starts a new one: its parent's threads are not in it).
+  static Pool& get() {
+    static std::once_flag forks;
+#if __has_include(<pthread.h>)
+    std::call_once(forks, [] { pthread_atfork(nullptr, nullptr, [] { current().store(nullptr); }); });
+#endif
+    Pool* pool = current().load(std::memory_order_acquire);
+    if (!pool) {
+      Pool* fresh = new Pool();  // never deleted: a worker may still spin on it as the process exits
+      pool = current().compare_exchange_strong(pool, fresh) ? fresh : (delete fresh, pool);
+    }
+    return *pool;
+  }
+
+  // Offers `job` to workers 1 .. job->slots() - 1; false (the caller runs every piece) if another job has the pool
+  // or a recent job stalled.
+  bool offer(const std::shared_ptr<Job>& job) {
+    if (Clock::now().time_since_epoch().count() < quiet_until_.load(std::memory_order_relaxed)) return false;
+    if (busy_.exchange(true, std::memory_order_acquire)) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (; workers_ < job->slots() - 1; ++workers_) std::thread([this, slot = workers_ + 1] { serve(slot); }).detach();
+    job_ = job;
+    generation_.fetch_add(1, std::memory_order_release);
+    if (sleeping_) wake_.notify_all();
+    return true;
+  }
+
+  // After an offered job. A job that stalled (the machine is busy: the OS runs some of our threads, not all) makes
+  // the next ones run alone for a while, 1 ms at first, twice as long after each stall in a row, up to 200 ms; a
+  // job that did not halves that.
+  void release(bool stalled) {
+    if (stalled) quiet_until_.store((Clock::now() + quiet_).time_since_epoch().count(), std::memory_order_relaxed);
+    quiet_ = stalled ? std::min<Clock::duration>(2 * quiet_, std::chrono::milliseconds(200))
+                     : std::max<Clock::duration>(quiet_ / 2, std::chrono::milliseconds(1));
+    busy_.store(false, std::memory_order_release);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  static std::atomic<Pool*>& current() {
+    static std::atomic<Pool*> pool{nullptr};
+    return pool;
+  }
+
+  void serve(int slot) {
+    uint64_t seen = 0;
+    for (;;) {
+      std::shared_ptr<Job> job = next(seen);
+      if (slot < job->slots()) job->work(slot);
+    }
+  }
+
+  // The next job after generation `seen`: spins for kSpin, then sleeps.
+  std::shared_ptr<Job> next(uint64_t& seen) {
+    static constexpr auto kSpin = std::chrono::microseconds(100);
+    const auto start = std::chrono::steady_clock::now();
+    for (int k = 1; generation_.load(std::memory_order_acquire) == seen; ++k) {
+      relax();
+      if (k % 256 == 0 && std::chrono::steady_clock::now() - start > kSpin) break;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++sleeping_;
+    wake_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
+    --sleeping_;
+    seen = generation_.load(std::memory_order_relaxed);
+    return job_;
+  }
+
+  std::atomic<bool> busy_{false};
+  Clock::duration quiet_ = std::chrono::milliseconds(1);  // how long the next stall keeps jobs alone
+  std::atomic<Clock::rep> quiet_until_{0};                 // no job is offered before this time
+  std::atomic<uint64_t> generation_{0};
+  std::mutex mutex_;  // guards the rest
+  std::condition_variable wake_;
+  std::shared_ptr<Job> job_;
+  int workers_ = 0, sleeping_ = 0;
+};
+
+// For its lifetime, torch's own parallel ops (at::parallel_for) called by this thread run on this thread only: the
+// kernel's few tensor ops (a zero fill, packing, casts) would otherwise open an OpenMP region each, and on a busy
+// machine a region waits for a descheduled OpenMP thread (milliseconds). `threads()`: the count the caller set
+// (torch.set_num_threads), for the kernel's own threads.
+class OneThread {
+ public:
+  OneThread() : threads_(at::in_parallel_region() ? 1 : at::get_num_threads()) {
+#ifdef _OPENMP
+    if (threads_ > 1) omp_set_num_threads(1);  // the calling thread's setting, which at::get_num_threads reads
+#endif
+  }
+  ~OneThread() {
+#ifdef _OPENMP
+    if (threads_ > 1) omp_set_num_threads(threads_);
+#endif
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+  int threads() const { return threads_; }
+
+ private:
+  const int threads_;
+};
+
+// Runs `phases` phases of `parts` pieces (see Job) on the calling thread and up to threads - 1 workers.
+void share(int threads, int64_t phases, int64_t parts, const Job::Piece& piece) {
+  auto job = std::make_shared<Job>(threads, phases, parts, &piece);
+  Pool* pool = threads > 1 ? &Pool::get() : nullptr;
+  if (pool && !pool->offer(job)) pool = nullptr;
+  job->work(0);
+  job->finish();
+  if (pool) pool->release(job->stalled());
+}
+
 // ---- the op -----------------------------------------------------------------------------------------------------
 
 // Copies states between a [D, N, H] / [N, D, H] tensor (by layout) and the [D, N, hpad] work buffers.
@@ -639,7 +863,7 @@ int64_t l2_bytes() {
 template <typename T>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Tensor& X, at::TensorList weights,
                                                    int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
-                                                   const at::Tensor& c0, const at::Tensor& mask) {
+                                                   const at::Tensor& c0, const at::Tensor& mask, int threads) {
   constexpr int L = Vec<T>::lanes;
   const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1), input = X.size(2);
@@ -700,30 +924,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
     r.y_rows.assign(batch, nullptr);
   }
   // Threads: both directions at once, or else one direction's hidden blocks, in the input projection and per step,
-  // when that work is worth a fork and join (about a microsecond each). Both directions at once only while one
-  // direction's recurrent weights fit half a core's L2: past that (hidden 512 LSTM: 4 MiB) each core streams its
-  // direction's weights from memory every step, and splitting every direction's blocks (each core then re-reads
-  // the half it keeps in cache) ran 1.7x faster.
-  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();  // no nested teams
+  // when that work is worth sharing. Both directions at once only while one direction's recurrent weights fit half
+  // a core's L2: past that (hidden 512 LSTM: 4 MiB) each core streams its direction's weights from memory every
+  // step, and splitting every direction's blocks (each core then re-reads the half it keeps in cache) ran 1.7x
+  // faster.
   const bool directions_at_once = D == 2 && threads > 1 && gh * hidden * int64_t{sizeof(T)} <= l2_bytes() / 2;
   const int64_t longest = any_lens ? *std::max_element(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + batch)
                                    : steps;
   auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
-  auto direction = [&](Direction<T>& r, bool split) {
-    const bool split_projection = split && worth_splitting(rows * gh * input);
-    switch (c.gates) {
-      case 4: r.template project<4>(x.data_ptr<T>(), rows, input, split_projection); break;
-      case 3: r.template project<3>(x.data_ptr<T>(), rows, input, split_projection); break;
-      default: r.template project<1>(x.data_ptr<T>(), rows, input, split_projection); break;
-    }
-    r.recur(longest, split && worth_splitting(batch * gh * hidden) ? std::min<int64_t>(threads, blocks) : 1);
-  };
+  const T* xp = x.data_ptr<T>();
   if (directions_at_once) {
-    at::parallel_for(0, 2, 1, [&](int64_t d0, int64_t d1) {
-      for (int64_t d = d0; d < d1; ++d) direction(runs[d], false);
-    });
+    const Job::Piece piece = [&](int, int64_t, int64_t d) {
+      runs[d].project(xp, rows, input, 0, blocks);
+      runs[d].recur(longest);
+    };
+    share(2, 1, 2, piece);
   } else {
-    for (Direction<T>& r : runs) direction(r, true);
+    for (Direction<T>& r : runs) {
+      const bool split_projection = worth_splitting(rows * gh * input);
+      const bool split_steps = worth_splitting(batch * gh * hidden);
+      if (!split_projection) r.project(xp, rows, input, 0, blocks);
+      if (split_projection || split_steps) {  // phase 0: the projection, then each step's passes
+        const int team = static_cast<int>(std::min<int64_t>(threads, blocks)), first = split_projection;
+        std::vector<Direction<T>> own(team, r);  // each thread's copy of the step's bookkeeping
+        T *h0 = r.h_prev, *h1 = r.h_next;
+        const Job::Piece piece = [&](int slot, int64_t phase, int64_t part) {
+          if (phase < first) return r.project(xp, rows, input, part, part + 1);
+          Direction<T>& mine = own[slot];
+          const int64_t s = (phase - first) / r.passes();
+          if (mine.prepared != s) mine.at_step(s, h0, h1);
+          mine.step_blocks(static_cast<int>((phase - first) % r.passes()), part, part + 1);
+        };
+        share(team, first + (split_steps ? longest * r.passes() : 0), blocks, piece);
+      }
+      if (!split_steps) r.recur(longest);
+    }
   }
 
   // The final states: each row's after its last step; zero for a row of length 0 and for a sequence of length 0,
@@ -774,15 +1009,16 @@ at::Tensor partial_lengths(const std::optional<at::Tensor>& sequence_lens, int64
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_node(const Config& c, const at::Tensor& X, at::TensorList weights,
                                                         int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
-                                                        const at::Tensor& c0, const at::Tensor& mask) {
-  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, hidden, lens, h0, c0, mask);
-  return run<float>(c, X, weights, hidden, lens, h0, c0, mask);
+                                                        const at::Tensor& c0, const at::Tensor& mask, int threads) {
+  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, hidden, lens, h0, c0, mask, threads);
+  return run<float>(c, X, weights, hidden, lens, h0, c0, mask, threads);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
     const at::Tensor& X, at::TensorList weights, c10::string_view config,
     const std::optional<at::Tensor>& sequence_lens, const std::optional<at::Tensor>& initial_h,
     const std::optional<at::Tensor>& initial_c, const std::optional<at::Tensor>& mask) {
+  const OneThread one;
   const Config& c = config_of(std::string_view(config.data(), config.size()));
   const at::Tensor h0 = initial_h.value_or(at::Tensor()), c0 = initial_c.value_or(at::Tensor());
   const int64_t hidden = checked_inputs(c, X, weights, h0, c0);
@@ -799,7 +1035,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
     TORCH_CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
     mask_t = mask->contiguous();
   }
-  return run_node(c, X, weights, hidden, lens, h0, c0, mask_t);
+  return run_node(c, X, weights, hidden, lens, h0, c0, mask_t, one.threads());
 }
 
 // The layers' final states as one [L·D, N, H] tensor (the first layer's empty one where they are not computed).
@@ -817,6 +1053,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
     const std::optional<at::Tensor>& sequence_lens, const c10::List<std::optional<at::Tensor>>& initial_h,
     const c10::List<std::optional<at::Tensor>>& initial_c, bool batch_first, bool batch_first_output,
     bool merge_output, bool last_states) {
+  const OneThread one;
   const std::vector<const Config*>& layers = stack_of(std::string_view(configs.data(), configs.size()));
   const size_t count = layers.size();
   TORCH_CHECK_VALUE(count == counts.size() && count == initial_h.size() && count == initial_c.size(),
@@ -833,7 +1070,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
     const at::Tensor h0 = initial_h.get(l).value_or(at::Tensor()), c0 = initial_c.get(l).value_or(at::Tensor());
     const int64_t hidden = checked_inputs(c, x, own, h0, c0);
     if (l == 0) lens = partial_lengths(sequence_lens, x.size(0), x.size(1));  // after X's checks, as per layer
-    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, own, hidden, lens, h0, c0, at::Tensor());
+    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, own, hidden, lens, h0, c0, at::Tensor(), one.threads());
     TORCH_CHECK_VALUE(c.outputs[0] || l + 1 == count, "recurrent_stack: a layer below the last must compute Y");
     if (c.outputs[0] && (l + 1 < count || merge_output)) y = y.transpose(1, 2).flatten(2);  // [T, N, D·H]
     x = y;
