@@ -146,7 +146,7 @@ def load_model(source: ModelSource, base_dir: str | os.PathLike | None = None, *
         if "deprecated" not in str(error):
             raise InvalidModelError(f"invalid ONNX model: {error}") from error
     with contextlib.suppress(Exception):  # shape information only helps converters; a model may lack it
-        skeleton = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False)
+        skeleton = _infer_shapes(skeleton)
     opsets = {normalize_domain(o.domain): o.version for o in proto.opset_import}
     newest = onnx.defs.onnx_opset_version()  # the installed onnx's schemas: what the converters are resolved by
     if opsets.get("", 0) > newest:
@@ -213,6 +213,47 @@ def _skeleton(proto: onnx.ModelProto) -> onnx.ModelProto:
         else:
             skeleton.graph.initializer.append(tensor)
     return skeleton
+
+
+def _infer_shapes(skeleton: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference, with the ranks it leaves out before opset 14: Reshape-5's inference gives an output
+    no rank when the target shape is computed (paddle2onnx's Concat of Shape slices), though the target's length is
+    known, as Reshape-14's gives it. Shape arithmetic on such an output (its sizes read as ints, shape_arithmetic.py)
+    needs the rank: each is declared and inference runs again, while that finds more (one Reshape after another)."""
+    inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False)
+    while _declare_reshape_ranks(inferred):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(inferred, check_type=False, strict_mode=False)
+        except Exception:  # what inference found so far stands
+            break
+    return inferred
+
+
+def _declare_reshape_ranks(model: onnx.ModelProto) -> bool:
+    """Declare the rank of every Reshape output that inference left without one where its target's length is known;
+    whether there was one."""
+    found = False
+    for graph in subgraphs(model.graph):
+        infos = {info.name: info for info in (*graph.input, *graph.value_info, *graph.output)}
+        for node in graph.node:
+            rank = _reshape_rank(node, infos)
+            if rank is not None:
+                info = infos.get(node.output[0]) or graph.value_info.add(name=node.output[0])
+                info.type.tensor_type.elem_type = infos[node.input[0]].type.tensor_type.elem_type
+                info.type.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in range(rank))
+                found = True
+    return found
+
+
+def _reshape_rank(node: onnx.NodeProto, infos: Mapping[str, onnx.ValueInfoProto]) -> int | None:
+    """The rank of a Reshape's output that inference left without one, from the known length of its target."""
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return None
+    data, target, output = (infos.get(name) for name in (node.input[0], node.input[1], node.output[0]))
+    if data is None or target is None or (output is not None and output.type.tensor_type.HasField("shape")):
+        return None
+    dims = target.type.tensor_type.shape.dim
+    return dims[0].dim_value if len(dims) == 1 and dims[0].HasField("dim_value") else None
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:

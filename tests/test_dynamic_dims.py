@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from onnx import helper
+from onnx import TensorProto, helper
 from torch.export import Dim
 
 import onnx2torch_rnn
@@ -66,6 +66,47 @@ def test_batch_norm_with_shared_statistics_exports():
     program = torch.export.export(module, (torch.randn(2, 4, 5, 6),), dynamic_shapes={"x": dims})
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for seed, shape in enumerate([(3, 4, 7, 2), (5, 4, 3, 9)]):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        (want,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(program.module()(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def _shape_slice(source: str, start: int, end: int, name: str) -> list:
+    """paddle2onnx's ``shape(x)[start:end]``: Shape, Slice, and a round trip through int32."""
+    return [helper.make_node("Shape", [source], [f"{name}_shape"]),
+            helper.make_node("Slice", [f"{name}_shape", f"start{start}", f"end{end}", "axis0"], [f"{name}_i64"]),
+            helper.make_node("Cast", [f"{name}_i64"], [f"{name}_i32"], to=TensorProto.INT32),
+            helper.make_node("Cast", [f"{name}_i32"], [name], to=TensorProto.INT64)]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("opset", [12, 13, 14])
+def test_reshape_chain_from_computed_shapes_exports(opset):
+    """paddle2onnx's SVTR attention (ch_PP-OCRv4_rec) reshapes by targets computed from the Shape of an earlier
+    Reshape's output. Reshape before opset 14 gives no rank to an output whose target is computed, so that Shape
+    could not be read as sizes: the target was a tensor, read with .item() under export, and the program failed a
+    run-time assertion (``Ne(u0, 0)``) at another size. Loading declares those ranks (loading.py)."""
+    consts = {"start0": np.array([0]), "start1": np.array([1]), "end1": np.array([1]), "end2": np.array([2]),
+              "axis0": np.array([0]), "minus1": np.array([-1]), "zero": np.array([0]), "heads": np.array([2]),
+              "depth": np.array([4]), "width": np.array([8])}
+    nodes = [*_shape_slice("x", 0, 2, "lead"),
+             helper.make_node("Concat", ["lead", "minus1"], ["flat_shape"], axis=0),
+             helper.make_node("Reshape", ["x", "flat_shape"], ["flat"]),  # (N, 8, H*W)
+             helper.make_node("Transpose", ["flat"], ["tokens"], perm=[0, 2, 1]),
+             *_shape_slice("tokens", 1, 2, "count"),
+             helper.make_node("Concat", ["zero", "count", "heads", "depth"], ["split_shape"], axis=0),
+             helper.make_node("Reshape", ["tokens", "split_shape"], ["split"]),  # (N, H*W, 2, 4)
+             helper.make_node("Softmax", ["split"], ["attention"], axis=-1),
+             *_shape_slice("attention", 1, 2, "again"),
+             helper.make_node("Concat", ["zero", "again", "width"], ["merge_shape"], axis=0),
+             helper.make_node("Reshape", ["attention", "merge_shape"], ["y"])]  # (N, H*W, 8)
+    model = make_model(nodes, [("x", np.float32, ["batch", 8, "height", "width"])],
+                       [("y", np.float32, ["batch", None, 8])], consts, opset)
+    module = onnx2torch_rnn.convert(model)
+    dims = {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}
+    program = torch.export.export(module, (torch.randn(2, 8, 4, 6),), dynamic_shapes={"x": dims})
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed, shape in enumerate([(3, 8, 5, 2), (5, 8, 3, 9)]):
         x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
         (want,) = session.run(None, {"x": x})
         np.testing.assert_allclose(program.module()(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
