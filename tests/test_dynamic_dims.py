@@ -110,3 +110,25 @@ def test_reshape_chain_from_computed_shapes_exports(opset):
         x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
         (want,) = session.run(None, {"x": x})
         np.testing.assert_allclose(program.module()(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("op", ["Tanh", "Sigmoid"])
+def test_onnxruntime_activation_of_a_large_tensor_exports(op):
+    """Upstream of a dynamic quantizer Tanh and Sigmoid are MLAS's (text2tashkeel's int8 BiLSTM attention). Eager
+    computes a large tensor in chunks; exported, the chunk count pinned the size (``input_ids.size()[1] == 12``), and
+    eager with grad enabled wrote into views of split. Compiled code now takes the tensor whole, eager joins the
+    chunks out of place."""
+    nodes = [helper.make_node(op, ["x"], ["y"]), helper.make_node("DynamicQuantizeLinear", ["y"], ["q", "s", "z"])]
+    outputs = [("q", TensorProto.UINT8, ["batch", 70_000]), ("s", TensorProto.FLOAT, []),
+               ("z", TensorProto.UINT8, [])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["batch", 70_000])], outputs)
+    module = onnx2torch_rnn.convert(model)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    program = torch.export.export(module, (torch.randn(2, 70_000),), dynamic_shapes={"x": {0: Dim("batch")}})
+    for seed, batch in enumerate([3, 5]):  # 210_000 and 350_000 elements: chunked in eager (2 and 3 chunks)
+        x = (np.random.default_rng(seed).standard_normal((batch, 70_000)) * 4).astype(np.float32)
+        want = session.run(None, {"x": x})
+        for run in (program.module(), module):  # module: eager, grad enabled
+            for got, expected in zip(run(torch.from_numpy(x)), want, strict=True):
+                np.testing.assert_array_equal(got.detach().numpy(), expected)
