@@ -48,8 +48,8 @@ _INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT
 # ONNX's element-wise ops on ints: the meaning of modules/elementwise.py's ops on Python ints and symbolic sizes
 ARITHMETIC: Mapping[str, Callable] = MappingProxyType({
     "Add": operator.add, "Sub": operator.sub, "Mul": operator.mul, "Div": trunc_div, "Max": torch.sym_max,
-    "Min": torch.sym_min, "Equal": operator.eq, "Where": ew.where})
-_KEEPS_SIGN = (operator.add, operator.mul, operator.floordiv, torch.sym_max, torch.sym_min)
+    "Min": torch.sym_min, "Mod": operator.mod, "Equal": operator.eq, "Where": ew.where})
+_KEEPS_SIGN = (operator.add, operator.mul, operator.floordiv, operator.mod, torch.sym_max, torch.sym_min)
 
 
 def _nonnegative(x: Int) -> bool:
@@ -376,6 +376,8 @@ def _broadcast(fn: Callable, values: list[Value]) -> Value:
 
 
 def _elementwise(t, node, output):
+    if node.op_type == "Mod" and node.attr("fmod"):  # C's fmod: the sign of the dividend, not Python's %
+        raise _NotShape
     apply = functools.partial(t.apply, ARITHMETIC[node.op_type])
     values = [t.value(name) for name in node.inputs]
     if node.op_type in ("Max", "Min"):  # variadic

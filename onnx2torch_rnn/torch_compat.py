@@ -23,6 +23,8 @@ fallbacks keep the package working, more slowly or less completely, if a release
 - ``torch.fx.experimental.symbolic_shapes.guard_or_false``: whether a traced size is 0 without failing on a size
   that tracing cannot know (a compiled loop's iteration count): then not 0, checked at run time (torch >= 2.7).
   Fallback: ``size == 0``, which fails on such sizes as torch did before.
+- ``torch.fx.experimental.symbolic_shapes.statically_known_true``: whether a condition on traced sizes holds for
+  every size, without a guard (a pad amount computed from sizes that may be 0). Fallback: ``bool``, which guards.
 - ``torch._dynamo.graph_break(msg=...)``: where a control-flow node has no structured form, compiling breaks the
   graph there with the reason (fullgraph=True turns it into an error that shows it). Fallback: no break is forced;
   Dynamo then stops at the first data-dependent value of the Python path, with its own message.
@@ -162,6 +164,16 @@ try:
     from torch.fx.experimental.symbolic_shapes import guard_or_false as _guard_or_false
 except ImportError:  # before torch 2.7
     _guard_or_false = None
+try:
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as _statically_known_true
+except ImportError:  # before torch 2.1
+    _statically_known_true = bool
+
+
+def known_true(condition) -> bool:
+    """A condition on sizes, True only where it holds without a guard: a plain bool as it is; on traced sizes, what
+    the shape environment proves for every size (asking the traced sizes' values would pin them)."""
+    return _statically_known_true(condition)
 
 
 def is_zero(size) -> bool:

@@ -132,3 +132,98 @@ def test_onnxruntime_activation_of_a_large_tensor_exports(op):
         for run in (program.module(), module):  # module: eager, grad enabled
             for got, expected in zip(run(torch.from_numpy(x)), want, strict=True):
                 np.testing.assert_array_equal(got.detach().numpy(), expected)
+
+
+def _dim(source: str, axis: int, name: str) -> list:
+    """``shape(source)[axis:axis + 1]``, a 1-d value."""
+    return [helper.make_node("Shape", [source], [f"{name}_shape"]),
+            helper.make_node("Gather", [f"{name}_shape", f"at{axis}"], [name], axis=0)]
+
+
+_AT = {f"at{axis}": np.array([axis]) for axis in range(4)}
+
+
+def _pad_to_multiple(mode: str) -> tuple:
+    """Swin's and text detectors' padding of height and width to a multiple of 4: (4 - size % 4) % 4 at the end."""
+    nodes = [*_dim("x", 2, "height"), *_dim("x", 3, "width")]
+    for name in ("height", "width"):
+        nodes += [helper.make_node("Mod", [name, "four"], [f"{name}_rest"]),
+                  helper.make_node("Sub", ["four", f"{name}_rest"], [f"{name}_missing"]),
+                  helper.make_node("Mod", [f"{name}_missing", "four"], [f"{name}_pad"])]
+    nodes += [helper.make_node("Concat", ["zeros6", "height_pad", "width_pad"], ["pads"], axis=0),
+              helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)]
+    consts = {**_AT, "four": np.array([4]), "zeros6": np.zeros(6, np.int64)}
+    inputs = [("x", np.float32, ["batch", 3, "height", "width"])]
+    shapes = [{"x": (2, 3, 5, 6)}, {"x": (5, 3, 8, 10)}, {"x": (4, 3, 7, 9)}]
+    return nodes, inputs, consts, {"x": {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}}, shapes
+
+
+def _one_hot_of_width() -> tuple:
+    """A one-hot row per label, as wide as ``x``'s rows (depth from Shape)."""
+    nodes = [*_dim("x", 1, "depth"), helper.make_node("OneHot", ["labels", "depth", "off_on"], ["hot"], axis=-1),
+             helper.make_node("Add", ["x", "hot"], ["y"])]
+    consts = {**_AT, "off_on": np.array([0.0, 1.0], np.float32)}
+    inputs = [("x", np.float32, ["batch", "classes"]), ("labels", np.int64, ["batch"])]
+    batch, classes = Dim("batch"), Dim("classes")
+    shapes = [{"x": (2, 5), "labels": (2,)}, {"x": (3, 9), "labels": (3,)}, {"x": (6, 2), "labels": (6,)}]
+    return nodes, inputs, consts, {"x": {0: batch, 1: classes}, "labels": {0: batch}}, shapes
+
+
+def _causal_mask_with_past() -> tuple:
+    """A decoder's mask over past and new positions: lower triangle shifted by the past length (S - T)."""
+    nodes = [*_dim("scores", 1, "new"), *_dim("scores", 2, "total"),
+             helper.make_node("Sub", ["total", "new"], ["past"]),
+             helper.make_node("Squeeze", ["past", "axis0"], ["k"]),
+             helper.make_node("Trilu", ["scores", "k"], ["y"], upper=0)]
+    consts = {**_AT, "axis0": np.array([0])}
+    inputs = [("scores", np.float32, ["batch", "new", "total"])]
+    shapes = [{"scores": (2, 3, 5)}, {"scores": (3, 2, 9)}, {"scores": (4, 6, 6)}]
+    return nodes, inputs, consts, {"scores": {0: Dim("batch"), 1: Dim("new"), 2: Dim("total")}}, shapes
+
+
+def _position_ids() -> tuple:
+    """torch.onnx's position ids: CumSum of ones of the input's shape, minus one."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("ConstantOfShape", ["shape"], ["ones"],
+                              value=helper.make_tensor("one", TensorProto.INT64, [1], [1])),
+             helper.make_node("CumSum", ["ones", "axis1"], ["counts"]),
+             helper.make_node("Sub", ["counts", "one"], ["positions"]),
+             helper.make_node("Cast", ["positions"], ["float_positions"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "float_positions"], ["y"])]
+    consts = {"axis1": np.array(1), "one": np.array(1)}
+    shapes = [{"x": (2, 5)}, {"x": (3, 9)}, {"x": (5, 2)}]
+    return nodes, [("x", np.float32, ["batch", "time"])], consts, {"x": {0: Dim("batch"), 1: Dim("time")}}, shapes
+
+
+SIZED_BY_SHAPE = {"pad_constant": lambda: _pad_to_multiple("constant"), "pad_edge": lambda: _pad_to_multiple("edge"),
+                  "pad_reflect": lambda: _pad_to_multiple("reflect"), "one_hot": _one_hot_of_width,
+                  "trilu": _causal_mask_with_past, "cumsum": _position_ids}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", list(SIZED_BY_SHAPE))
+def test_sizes_computed_from_shape_stay_symbolic(case):
+    """Pad's pads, OneHot's depth and Trilu's k computed from Shape are read as sizes (ints), not as tensors whose
+    .item() gives unbacked symbols: exported at one size, the program runs at two others, and compiled with
+    dynamic shapes the model is one graph."""
+    nodes, inputs, consts, dims, shapes = SIZED_BY_SHAPE[case]()
+    model = make_model(nodes, inputs, ["y"], consts, 14)
+    module = onnx2torch_rnn.convert(model)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def feeds(sizes, seed):
+        rng = np.random.default_rng(seed)
+        return {name: (rng.standard_normal(shape).astype(np.float32) if name != "labels"
+                       else rng.integers(0, sizes["x"][1], shape)) for name, shape in sizes.items()}
+
+    example = feeds(shapes[0], 0)
+    program = torch.export.export(module, tuple(torch.from_numpy(v) for v in example.values()), dynamic_shapes=dims)
+    backend = CountingBackend("eager")
+    compiled = torch.compile(module, fullgraph=True, backend=backend, dynamic=True)
+    for seed, sizes in enumerate(shapes[1:], 1):
+        values = feeds(sizes, seed)
+        (want,) = session.run(None, values)
+        for run in (program.module(), compiled):
+            got = run(*(torch.from_numpy(v) for v in values.values()))
+            np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-6, atol=1e-6)
+    assert backend.graphs == 1

@@ -19,7 +19,7 @@ from ..modules.packed import Conv1d, Conv2d
 from ..node import Converted, OnnxNode, StaticInput
 from ..registry import register_converter
 from ..tensors import torch_dtype
-from .shape import converted
+from .shape import with_shape_inputs
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 SAME = ("SAME_UPPER", "SAME_LOWER")
@@ -410,7 +410,7 @@ def pad(node: OnnxNode, ctx) -> Converted:
     pads, value, axes = ctx.static(node, 1, "pads"), ctx.static(node, 2, "value"), ctx.static(node, 3)
     static = {"pads": pads.ints(), "value": value.scalar(), "axes": axes.ints()}
     module = m.Pad(mode, **{key: v for key, v in static.items() if v is not None})
-    return converted(module, [node.input(0), pads.run_time, value.run_time, axes.run_time])
+    return with_shape_inputs(module, [node.input(0), pads.run_time, value.run_time, axes.run_time], (1, 3))
 
 
 # ----------------------------------------------------------------------------------------------- resizing

@@ -288,7 +288,7 @@ def one_hot(node: OnnxNode, ctx) -> Converted:
     truncate toward zero; depth constant or run-time."""
     depth = ctx.static(node, 1)
     module = m.OneHot(node.attr("axis"), depth.integer())
-    return Converted(module, [node.input(0), depth.run_time, node.input(2)])
+    return with_shape_inputs(module, [node.input(0), depth.run_time, node.input(2)])
 
 
 @register_converter("Trilu", (14,), static=(1,))
@@ -297,7 +297,7 @@ def trilu(node: OnnxNode, ctx) -> Converted:
     refuse_uint64(node, ctx)
     k = ctx.static(node, 1)
     module = m.Trilu(node.attr("upper"), 0 if node.input(1) is None else k.integer())
-    return converted(module, [node.input(0), k.run_time])
+    return with_shape_inputs(module, [node.input(0), k.run_time])
 
 
 # ---- types ----------------------------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..torch_compat import known_true
 from .common import Module, attributes_repr, ceil_div, trunc_div
+from .shape import ints
 
 CONV = MappingProxyType({1: F.conv1d, 2: F.conv2d, 3: F.conv3d})
 CONV_TRANSPOSE = MappingProxyType({1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d})
@@ -33,20 +35,22 @@ def pad(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], mode: str =
     """ONNX padding of every axis of ``x`` by ``begins``/``ends`` (negative amounts crop).
 
     constant uses F.pad (any rank); reflect/edge/wrap gather indices per padded axis, so they work on any axis.
+    An amount computed from traced sizes may be 0 or negative: unless that is known for every size, it is applied
+    without asking which (asking would pin the sizes).
     """
     if mode == "constant":
         flat = [amount for b, e in zip(reversed(begins), reversed(ends), strict=True) for amount in (b, e)]
-        if not any(flat):
+        if all(known_true(a == 0) for a in flat):
             return x
         if x.dtype == torch.bool:  # F.pad has no bool kernel
             return F.pad(x.to(torch.uint8), flat, value=int(bool(value))).to(torch.bool)
         return F.pad(x, flat, value=value)
     for axis, (b, e) in enumerate(zip(begins, ends, strict=True)):
-        if b < 0 or e < 0:  # crop first, then pad what is left (as onnxruntime does)
-            start, stop = max(-b, 0), x.shape[axis] - max(-e, 0)
+        if not (known_true(b >= 0) and known_true(e >= 0)):  # crop first, then pad what is left (as onnxruntime)
+            start, stop = torch.sym_max(-b, 0), x.shape[axis] - torch.sym_max(-e, 0)
             x = x.narrow(axis, start, stop - start)
-        b, e = max(b, 0), max(e, 0)
-        if b or e:
+        b, e = torch.sym_max(b, 0), torch.sym_max(e, 0)
+        if not (known_true(b == 0) and known_true(e == 0)):
             x = x.index_select(axis, _pad_indices(x.shape[axis], b, e, mode, x.device))
     return x
 
@@ -73,9 +77,9 @@ class Pad(Module):
         self.mode, self.pads, self.value, self.axes = mode, pads, value, axes
 
     def forward(self, x, pads=None, value=None, axes=None):
-        pads = self.pads if pads is None else pads.tolist()  # run-time pads: only known here
+        pads = ints(self.pads, pads)  # run-time pads: only known here (ints where computed from sizes)
         value = self.value if value is None else value.item()
-        axes = self.axes if axes is None else axes.tolist()
+        axes = ints(self.axes, axes)
         rank = x.dim()
         axes = list(range(rank)) if axes is None else [a % rank for a in axes]
         begins, ends = [0] * rank, [0] * rank

@@ -520,7 +520,13 @@ class Trilu(_Attributes):
         self.upper, self.k = upper, k
 
     def forward(self, data, k=None):
-        return (torch.triu if self.upper else torch.tril)(data, scalar(self.k, k))
+        k = scalar(self.k, k)
+        if isinstance(k, torch.SymInt):  # computed from traced sizes: triu/tril's diagonal would pin it
+            rows = torch.arange(data.shape[-2], device=data.device)[:, None]
+            offsets = torch.arange(data.shape[-1], device=data.device) - rows
+            keep = offsets >= k if self.upper else offsets <= k
+            return torch.where(keep, data, torch.zeros((), dtype=data.dtype, device=data.device))
+        return (torch.triu if self.upper else torch.tril)(data, k)
 
 
 class EyeLike(_Attributes):
