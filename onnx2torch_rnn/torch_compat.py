@@ -172,8 +172,9 @@ except ImportError:  # before torch 2.1
 
 def known_true(condition) -> bool:
     """A condition on sizes, True only where it holds without a guard: a plain bool as it is; on traced sizes, what
-    the shape environment proves for every size (asking the traced sizes' values would pin them)."""
-    return _statically_known_true(condition)
+    the shape environment proves for every size (asking the traced sizes' values would pin them); torch.jit
+    tracing's size tensors as they are."""
+    return bool(condition) if isinstance(condition, Tensor) else _statically_known_true(condition)
 
 
 def is_zero(size) -> bool:
