@@ -403,7 +403,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="example size of a symbolic dimension (default 4)")
     p.add_argument("--static", action="append", default=[], metavar="NAME",
                    help="export this symbolic dimension at its example size instead of dynamic")
-    p.add_argument("--opset", type=int, help="ONNX opset (default: the model's, at most 18)")
+    p.add_argument("--opset", type=int,
+                   help="ONNX opset (default: the model's, at most torch.onnx's: 20 in torch 2.13)")
     p.add_argument("--no-check", action="store_true", help="skip the check against onnxruntime")
     p.add_argument("--verbose", "-v", action="store_true", help="log each node's converter")
     p.add_argument("--dequantize", action="store_true", help="write the float model of a quantized one")

@@ -29,7 +29,7 @@ from .checking import DEFAULT_INT_RANGE, _numpy, compare_arrays, index_ranges
 from .codegen import quiet_torch
 from .errors import ExportError
 from .modules.quantized import INTEGER_OPS
-from .onnx_rewrite import EXPORTER_OPSET, has_half_precision, lower_opset, opset_of, restore_interface
+from .onnx_rewrite import has_half_precision, lower_opset, opset_of, restore_interface
 from .recurrent import masked_onnx, onnx_translation_table, steps_read
 from .signature import OnnxSignature, example_inputs, recorded
 
@@ -60,8 +60,8 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
       an unrolled layer reads where that is more).
     - ``dynamic``: which of the original's symbolic dims stay dynamic: all (True), none (False) or those named; the
       others are exported at their example size.
-    - ``opset``: default the original's (at most 18, the exporter's), else the lowest above it that ONNX's version
-      converter reaches.
+    - ``opset``: default the original's (at most the exporter's: 20 with torch 2.13), else the lowest above it that
+      ONNX's version converter reaches.
     - ``check`` (when onnxruntime is installed): onnxruntime runs the model at the example shapes and at another size
       of every dynamic dim, on random inputs, and nothing is written unless every output matches the module's within
       ``rtol``/``atol`` (at least 1e-3 where the model computes in float16).
@@ -89,7 +89,7 @@ def to_onnx(module: nn.Module, path: str | os.PathLike, example_inputs: Sequence
         restore_interface(proto, signature)
         if keep_bound:
             _keep_bound(proto, signature)
-        proto = lower_opset(proto, min(opset or signature.opset or EXPORTER_OPSET, EXPORTER_OPSET))
+        proto = lower_opset(proto, opset or signature.opset or opset_of(proto))
         shapes = [[list(a.shape) for a in args], *second] if check else []
         checked, worst = _write_checked(proto, Path(path), module, signature, shapes, rtol, atol)
     finally:

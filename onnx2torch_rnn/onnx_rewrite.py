@@ -13,7 +13,6 @@ from .errors import ExportError
 from .node import bodies
 from .signature import OnnxSignature
 
-EXPORTER_OPSET = 18  # torch.onnx's own opset: the highest that to_onnx writes
 HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 _ASIDE = "onnx2torch_rnn.aside"  # a private domain the version converter leaves alone
@@ -139,11 +138,12 @@ def lower_opset(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
     onnxruntime checks the result like any other."""
     from onnx import version_converter
 
-    for opset in range(target, opset_of(proto)):
+    exported = opset_of(proto)  # torch.onnx's (20 with torch 2.13): the highest that to_onnx writes
+    for opset in range(target, exported):
         try:
             source = _without_shape_ranges(proto) if opset < 15 else proto
             types = _value_types(source.graph)
-            aside = [n for n in source.graph.node if _means_the_same(n, opset, types)]
+            aside = [n for n in source.graph.node if _means_the_same(n, opset, exported, types)]
             _drop_new_attributes(aside, opset)
             with _set_aside(source, aside):
                 lowered = version_converter.convert_version(source, opset)
@@ -165,14 +165,14 @@ def _value_types(graph: onnx.GraphProto) -> dict[str, str]:
     return {name: f"tensor({_type_name(t)})" for name, t in types.items()}
 
 
-def _means_the_same(node: onnx.NodeProto, opset: int, types: Mapping[str, str]) -> bool:
-    """Whether ``node`` means at ``opset`` what it means at the exporter's, though its op has a newer version there:
-    the older schema has every attribute, input and output the node uses, for the node's types (ONNX bumps a
-    version for new types, attributes or inputs; this node uses none of them)."""
+def _means_the_same(node: onnx.NodeProto, opset: int, exported: int, types: Mapping[str, str]) -> bool:
+    """Whether ``node`` means at ``opset`` what it means at the ``exported`` model's opset, though its op has a newer
+    version there: the older schema has every attribute, input and output the node uses, for the node's types (ONNX
+    bumps a version for new types, attributes or inputs; this node uses none of them)."""
     if node.domain not in ("", "ai.onnx"):
         return False
     try:
-        old, new = (onnx.defs.get_schema(node.op_type, v) for v in (opset, EXPORTER_OPSET))
+        old, new = (onnx.defs.get_schema(node.op_type, v) for v in (opset, exported))
     except onnx.defs.SchemaError:  # the op is newer than ``opset``
         return False
     if old.since_version == new.since_version:

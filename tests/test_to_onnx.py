@@ -26,6 +26,7 @@ from torch.export import Dim
 import onnx2torch_rnn
 from onnx2torch_rnn import ExportError, to_onnx
 from onnx2torch_rnn.cli import main
+from onnx2torch_rnn.onnx_rewrite import lower_opset, opset_of
 from onnx2torch_rnn.recurrent import StackedRecurrent
 from onnx2torch_rnn.signature import recorded
 from tests.exporters.common import (
@@ -153,7 +154,8 @@ def test_exporter_model_round_trips(folder, entry, sizes, tmp_path):
     assert interface(written) == interface(model, static)
     assert recurrent_nodes(written) == summary.recurrent_nodes == recurrent_nodes(model) + fused_nodes(module)
     assert [n.op_type for n in written.graph.node].count("Loop") >= sum(m.mask or m.lengths for m in looped(module))
-    assert min(recorded(module).opset, 18) <= summary.opset == written.opset_import[0].version <= 18
+    opset = recorded(module).opset  # the exporter's is 20 with torch 2.13: at most that
+    assert min(opset, 18) <= summary.opset == written.opset_import[0].version <= max(opset, 18)
     tolerance = FLOAT16_TOLERANCE if has_float16(model) else {"rtol": 1e-4, "atol": 1e-5}
     names = [o.name for o in model.graph.output]
     for feeds in sets:  # the export's sizes twice, then other sizes on the dynamic axes
@@ -304,6 +306,26 @@ def test_opset_defaults_to_the_originals_where_the_converter_reaches_it(tmp_path
     assert to_onnx(module, tmp_path / "b.onnx", opset=18, check=False).opset == 18
     written = onnx.load(tmp_path / "a.onnx")
     assert written.ir_version == 7 and written.producer_name == "onnx2torch_rnn"
+    for opset in (19, 20):  # torch.onnx writes opset 20 (torch 2.13): an original at 19 or 20 keeps its opset
+        assert to_onnx(onnx2torch_rnn.convert(_dense(opset=opset)), tmp_path / "c.onnx").opset == opset
+
+
+def test_lowering_compares_schemas_at_the_exported_opset():
+    """torch.onnx writes opset 20 (torch 2.13), where ConstantOfShape is version 20 (aten::new_zeros), and ONNX's
+    version converter has no adapter down from it. It means there what ConstantOfShape-9 means: compared with the
+    schema at the model's own opset, not at 18, it is kept out of the converter's way and the model reaches 17."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("ConstantOfShape", ["shape"], ["zeros"]),
+             helper.make_node("Pad", ["x", "pads"], ["padded"], mode="edge"),
+             helper.make_node("Sub", ["zeros", "padded"], ["y"])]
+    exported = make_model(nodes, [("x", np.float32, [2, 3])], ["y"], {"pads": np.zeros(4, np.int64)}, opset=20)
+    exported = onnx.shape_inference.infer_shapes(exported)  # every value typed, as torch.onnx writes them
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    for target in (19, 17, 13):
+        lowered = lower_opset(onnx.ModelProto.FromString(exported.SerializeToString()), target)
+        assert opset_of(lowered) == target
+        session = onnxruntime.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], -x)
 
 
 def test_argument_errors(tmp_path):
