@@ -1,7 +1,8 @@
-"""The native DynamicQuantizeLSTM (recurrent/kernel/dynamic_quantize_lstm.cpp) against its Python reference
-(modules/quantized.py: ``reference_dynamic_quantize_lstm``), bit for bit, over random configurations; its weight
-cache. The tests against onnxruntime (tests/converters/test_onnxruntime_quantized.py, the shipped-like models) run on
-the kernel too, and CI runs them once more with ONNX2TORCH_RNN_NATIVE=0 for the Python path."""
+"""The native int8 ops (recurrent/kernel/dynamic_quantize_lstm.cpp, quantized_ops.cpp) against their Python
+references in modules/quantized.py, bit for bit: DynamicQuantizeLSTM (``reference_dynamic_quantize_lstm``) over random
+configurations and its weight cache; MLAS's tanh and logistic, DynamicQuantizeLinear, the integer matrix product. The
+tests against onnxruntime (tests/converters/test_onnxruntime_quantized.py, test_quantized.py, the shipped-like models)
+run on the kernel too, and CI runs them once more with ONNX2TORCH_RNN_NATIVE=0 for the Python path."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import pytest
 import torch
 
+from onnx2torch_rnn.modules import quantized as q
 from onnx2torch_rnn.modules.quantized import (
     QUANTIZED_LSTM_CELL,
     dynamic_quantize_lstm_op,
@@ -113,3 +115,46 @@ def test_weights_are_repacked_when_they_change():
     args["R"].copy_(torch.flip(args["R"], [-1]))
     assert_same(dynamic_quantize_lstm_op(**args), reference_dynamic_quantize_lstm(**args), False, args["config"])
     assert not all(torch.equal(a, b) for a, b in zip(first, dynamic_quantize_lstm_op(**args), strict=True))
+
+
+NATIVE = torch.ops.onnx2torch_rnn
+
+
+def test_mlas_activations_match_python():
+    """Every scale of input, the clamp bounds, signed zeros, infinities, NaN, subnormals."""
+    generator = torch.Generator().manual_seed(0)
+    special = [0.0, -0.0, 9.0, -9.0, 18.0, -18.0, 1e-40, -1e-40, 3e38, float("inf"), -float("inf"), float("nan")]
+    x = torch.cat([torch.randn(100_000, generator=generator) * s for s in (1e-3, 0.3, 2, 8, 40)] +
+                  [torch.tensor(special)])
+    for native, python in ((NATIVE.mlas_tanh, q.mlas_tanh), (NATIVE.mlas_logistic, q.mlas_logistic)):
+        torch.testing.assert_close(native(x), python(x), rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(native(x[:37].reshape(1, 37)), python(x[:37].reshape(1, 37)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("values", ["normal", "positive", "negative", "zeros", "empty", "ties", "large"])
+def test_dynamic_quantize_linear_matches_python(values):
+    generator = torch.Generator().manual_seed(1)
+    x = {"normal": torch.randn(3, 70_001, generator=generator) * 3, "positive": torch.rand(50, generator=generator),
+         "negative": -torch.rand(17, 5, generator=generator), "zeros": torch.zeros(9), "empty": torch.zeros(0, 4),
+         "ties": torch.tensor([-2.55, 0.5, 1.5, 2.5, 127.5, 255.0]) / 1, "large": torch.randn(33) * 1e30}[values]
+    scale, zero_point = q.dynamic_parameters(x)
+    for got, want in zip(NATIVE.dynamic_quantize_linear(x), (q.quantize(x, scale, zero_point, torch.uint8), scale,
+                                                             zero_point), strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("a_type", [torch.uint8, torch.int8])
+@pytest.mark.parametrize("b_type", [torch.uint8, torch.int8])
+@pytest.mark.parametrize("zero_points", ["none", "scalar", "per row and column"])
+@pytest.mark.parametrize(("a_shape", "n"), [((5, 70), 131), ((2, 3, 129), 1), ((4, 64), 15), ((7,), 64), ((3, 0), 40)])
+def test_matmul_integer_matches_python(a_type, b_type, zero_points, a_shape, n):
+    """Few columns (one by one) and many (panels of 64), K off the groups of 4 and 64, batched and 1-D a."""
+    generator = torch.Generator().manual_seed(2)
+    a, b = integers(generator, a_type, a_shape), integers(generator, b_type, (a_shape[-1], n))
+    rows = a_shape[-2] if len(a_shape) > 1 else 1
+    a_zp, b_zp = {"none": (None, None),
+                  "scalar": (integers(generator, a_type, ()), integers(generator, b_type, ())),
+                  "per row and column": (integers(generator, a_type, (rows,)), integers(generator, b_type, (n,)))
+                  }[zero_points]
+    want = torch.matmul(q.shifted(a, q._row_zero_point(a_zp)), q.shifted(b, b_zp)).to(torch.int32)
+    assert torch.equal(NATIVE.matmul_integer(a, b, a_zp, b_zp), want)

@@ -19,12 +19,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..recurrent import kernel
 from ..recurrent.cells import Cell, decode
 from ..recurrent.module import Recurrent, native_inference
 from ..recurrent.op import _owned, output_shapes
-from ..recurrent.runtime import recurrent
+from ..recurrent.runtime import needs_grad, recurrent
 from .common import Module, attributes_repr
 from .nn import AveragePool, Conv, _window_counts, pad
+
+_NATIVE = torch.ops.onnx2torch_rnn  # the native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp)
 
 
 def integer_range(dtype: torch.dtype) -> tuple[int, int]:
@@ -155,12 +158,27 @@ def dynamic_parameters(x: Tensor, leading: int = 0) -> tuple[Tensor, Tensor]:
     return scale, zero_point.to(torch.uint8)
 
 
+def native(*tensors: Tensor) -> bool:
+    """Whether an eager call runs the native kernel's int8 op (recurrent/kernel/quantized_ops.cpp, built on first
+    use) instead of the Python implementation here, which computes the same numbers: CPU inference, not compiling
+    or tracing."""
+    return (not torch.compiler.is_compiling() and tensors[0].is_cpu and not needs_grad(tensors)
+            and not torch.jit.is_tracing() and kernel.load())
+
+
+def dynamic_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x quantized to uint8 over its own range (dynamic_parameters): (y, scale, zero point)."""
+    if native(x):
+        return _NATIVE.dynamic_quantize_linear(x)
+    scale, zero_point = dynamic_parameters(x)
+    return quantize(x, scale, zero_point, torch.uint8), scale, zero_point
+
+
 class DynamicQuantizeLinear(Module):
     """ONNX DynamicQuantizeLinear: (y, y_scale, y_zero_point), uint8."""
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        scale, zero_point = dynamic_parameters(x)
-        return quantize(x, scale, zero_point, torch.uint8), scale, zero_point
+        return dynamic_quantize(x)
 
 
 def _row_zero_point(zero_point: Tensor | None) -> Tensor | None:
@@ -192,6 +210,8 @@ def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_poi
     if b.dim() != 2:
         acc = torch.matmul(shifted(a, _row_zero_point(a_zero_point)), shifted(b, b_zero_point))
         return acc.to(torch.int32)
+    if _native_matmul(a, b, a_zero_point, b_zero_point):
+        return _NATIVE.matmul_integer(a, b, a_zero_point, b_zero_point)
     (a8, ca), (b8, cb) = as_int8(a), as_int8(b)
     da, db = _offset(ca, _row_zero_point(a_zero_point)), _offset(cb, b_zero_point)
     acc = torch._int_mm(a8.reshape(-1, a8.shape[-1]), b8).reshape(*a8.shape[:-1], b8.shape[-1])
@@ -201,6 +221,16 @@ def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_poi
         acc = acc + a8.sum(-1, keepdim=True, dtype=torch.int32) * db
         acc = acc + a8.shape[-1] * da * db if not isinstance(da, int) or da else acc
     return acc
+
+
+def _native_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_point: Tensor | None) -> bool:
+    """Whether the native kernel's matmul_integer takes these operands (8-bit, zero points as it reads them)."""
+    def fits(zero_point: Tensor | None, count: int) -> bool:
+        return zero_point is None or zero_point.numel() == 1 or (zero_point.dim() == 1 and len(zero_point) == count)
+
+    byte = (torch.uint8, torch.int8)
+    return (a.dtype in byte and b.dtype in byte and fits(a_zero_point, a.shape[-2] if a.dim() > 1 else 1)
+            and fits(b_zero_point, b.shape[1]) and native(a))
 
 
 class MatMulInteger(Module):
@@ -295,8 +325,7 @@ _LOGISTIC_Q = _float32(6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017
 
 def dynamic_matmul(a_float: Tensor, b: Tensor, b_zero_point: Tensor | None) -> tuple[Tensor, Tensor]:
     """A quantized on the fly to uint8 (dynamic_parameters), times B: (exact integer product, a's scale)."""
-    scale, zero_point = dynamic_parameters(a_float)
-    a = quantize(a_float, scale, zero_point, torch.uint8)
+    a, scale, zero_point = dynamic_quantize(a_float)
     return integer_matmul(a, b, zero_point, b_zero_point), scale
 
 
@@ -538,13 +567,17 @@ def mlas_tanh(x: Tensor) -> Tensor:
 
 
 def onnxruntime_sigmoid(x: Tensor) -> Tensor:
-    """onnxruntime's Sigmoid: MLAS's for float32, torch's for the other types."""
-    return mlas_logistic(x) if x.dtype == torch.float32 else torch.sigmoid(x)
+    """onnxruntime's Sigmoid: MLAS's for float32 (the native kernel's where it runs), torch's for the other types."""
+    if x.dtype != torch.float32:
+        return torch.sigmoid(x)
+    return _NATIVE.mlas_logistic(x) if native(x) else mlas_logistic(x)
 
 
 def onnxruntime_tanh(x: Tensor) -> Tensor:
-    """onnxruntime's Tanh: MLAS's for float32, torch's for the other types."""
-    return mlas_tanh(x) if x.dtype == torch.float32 else torch.tanh(x)
+    """onnxruntime's Tanh: MLAS's for float32 (the native kernel's where it runs), torch's for the other types."""
+    if x.dtype != torch.float32:
+        return torch.tanh(x)
+    return _NATIVE.mlas_tanh(x) if native(x) else mlas_tanh(x)
 
 
 _TANH_P = _float32(-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,  # alpha_13 ... alpha_1

@@ -1,10 +1,11 @@
 """The native CPU kernel of the recurrent op: built on first use, cached, and registered as the op's CPU
 implementation.
 
-``load()`` compiles the kernel's sources (recurrent.cpp, dynamic_quantize_lstm.cpp) with torch.utils.cpp_extension
-(ninja, optimised for this CPU) into torch's extension cache, under a name that holds a hash of the sources, their
-folder and the flags (another version of the sources never reuses a stale build), and loads it; the library registers
-itself on CPU for ``onnx2torch_rnn::recurrent`` and ``onnx2torch_rnn::dynamic_quantize_lstm`` (modules/quantized.py).
+``load()`` compiles the kernel's sources (recurrent.cpp; the int8 ops in dynamic_quantize_lstm.cpp and
+quantized_ops.cpp) with torch.utils.cpp_extension (ninja, optimised for this CPU) into torch's extension cache, under
+a name that holds a hash of the sources, their folder and the flags (another version of the sources never reuses a
+stale build), and loads it; the library registers itself on CPU for ``onnx2torch_rnn::recurrent``,
+``onnx2torch_rnn::dynamic_quantize_lstm`` and the int8 helpers that modules/quantized.py calls in eager inference.
 Without a compiler (or with ``ONNX2TORCH_RNN_NATIVE=0``) nothing is registered, a warning says why once, and the ops
 run their Python implementations (recurrent/runtime.py, modules/quantized.py), which compute the same numbers.
 """
@@ -23,8 +24,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("recurrent.cpp", "dynamic_quantize_lstm.cpp", "config.h",
-                                                              "vec.h"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("recurrent.cpp", "dynamic_quantize_lstm.cpp",
+                                                              "quantized_ops.cpp", "config.h", "vec.h", "int8.h"))
 COMPILED = tuple(path for path in SOURCES if path.suffix == ".cpp")
 # -fopenmp: at::parallel_for is inline OpenMP code, serial without it; the OpenMP runtime it binds to at load time
 # is the libgomp.so.1 torch has already loaded (same soname), so there is one thread pool.

@@ -1,0 +1,335 @@
+// Integer products and dynamic quantization on the CPU as onnxruntime computes them, shared by the kernel's int8 ops
+// (dynamic_quantize_lstm.cpp, quantized_ops.cpp; their Python implementations in modules/quantized.py are the
+// reference): uint8 operands times int8 panels (uint8 weights shifted by 128), exact in int32 in any order, with
+// AVX-512 VNNI's vpdpbusd (uint8 x int8, four products per int32 lane) where the build targets it and the same sums
+// on plain int32 vectors elsewhere; onnxruntime's dynamic quantization parameters; MLAS's tanh and logistic.
+//
+// Every float operation in this header and in the files that include it rounds on its own, as onnxruntime's code
+// (built without FMA contraction) does: contraction is off from here to the end of the including file (pragma
+// below), and MLAS's own fused multiply-adds are explicit.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define ONNX2TORCH_RNN_VNNI 1
+#elif defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "vec.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace onnx2torch_rnn {
+namespace int8 {
+
+constexpr int L = 16;     // int32/float lanes of a 64-byte vector: the columns of one panel vector
+constexpr int G = 4;      // vectors per panel block (DynamicQuantizeLSTM: its four gates)
+constexpr int kRows = 4;  // rows per register tile
+using F = V<float>;
+using I = V<int32_t>;
+
+// ---- weights as int8 panels -----------------------------------------------------------------------------------------
+
+// A matrix M [K, columns] (int8 or uint8) as int8 panels [blocks][K4][G][L][4]: lane l of vector g of block b holds
+// column `column(b, g, l)` (zeros where that is negative), rows 4·k4 .. 4·k4 + 3 in its four bytes (zeros past K).
+struct Panels {
+  std::vector<int8_t> data;
+  std::vector<int32_t> column_sums;  // [blocks][G][L]: Σ_k of the int8 values
+  int32_t shift = 0;                 // M = int8 value + shift (uint8 is stored minus 128)
+  int64_t K = 0, K4 = 0;
+};
+
+template <typename Column>
+Panels pack(const at::Tensor& M, int64_t blocks, Column column) {
+  const bool unsigned_values = M.scalar_type() == at::kByte;
+  const at::Tensor m = M.contiguous();
+  const uint8_t* w = static_cast<const uint8_t*>(m.data_ptr());
+  const int64_t columns = M.size(1);
+  Panels p;
+  p.K = M.size(0);
+  p.K4 = (p.K + 3) / 4;
+  p.shift = unsigned_values ? 128 : 0;
+  p.data.assign(blocks * p.K4 * G * L * 4, 0);
+  p.column_sums.assign(blocks * G * L, 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int g = 0; g < G; ++g) {
+      for (int l = 0; l < L; ++l) {
+        const int64_t source = column(b, g, l);
+        if (source < 0) continue;
+        int32_t& sum = p.column_sums[(b * G + g) * L + l];
+        for (int64_t k = 0; k < p.K; ++k) {
+          const uint8_t raw = w[k * columns + source];
+          const int8_t value = static_cast<int8_t>(unsigned_values ? raw ^ 0x80 : raw);
+          p.data[(((b * p.K4 + k / 4) * G + g) * L + l) * 4 + k % 4] = value;
+          sum += value;
+        }
+      }
+    }
+  }
+  return p;
+}
+
+// Packed weights per tensor and version (per layout `kind`): a weight modified in place bumps its version counter; a
+// new tensor has a new identity (held weakly: a freed tensor's address may be reused). Inference tensors have no
+// version counter: they are packed at every call.
+class PanelCache {
+ public:
+  using Entry = std::shared_ptr<const std::vector<Panels>>;
+
+  template <typename Make>
+  Entry get(const at::Tensor& M, int kind, Make make) {
+    const bool cacheable = !M.is_inference();
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        const Key& k = it->first;
+        if (k.kind == kind && k.version == M._version() && k.data == M.data_ptr() &&
+            k.tensor.lock().get() == M.unsafeGetTensorImpl()) {
+          entries_.splice(entries_.begin(), entries_, it);
+          return it->second;
+        }
+      }
+    }
+    Entry packed = std::make_shared<const std::vector<Panels>>(make());
+    if (cacheable) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Key key{c10::weak_intrusive_ptr<c10::TensorImpl>(M.getIntrusivePtr()), M._version(), M.data_ptr(), kind};
+      entries_.emplace_front(std::move(key), packed);
+      if (entries_.size() > kCapacity) entries_.pop_back();
+    }
+    return packed;
+  }
+
+ private:
+  struct Key {
+    c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
+    int64_t version;
+    const void* data;
+    int kind;
+  };
+  static constexpr size_t kCapacity = 64;
+  std::mutex mutex_;
+  std::list<std::pair<Key, Entry>> entries_;
+};
+
+inline PanelCache& panel_cache() {
+  static PanelCache cache;
+  return cache;
+}
+
+
+// ---- integer products -----------------------------------------------------------------------------------------------
+
+// acc[m][g] = Σ_k a[m, k] · panel[k, g, :] (exact int32) for MR rows of uint8 a (row stride lda, zeros past K up to
+// 4·K4) and one block's panel, with U independent partial sums over k to keep enough products in flight.
+template <int MR>
+__attribute__((noinline)) void dot(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t K4, I (&acc)[MR][G]) {
+  constexpr int U = MR >= 3 ? 1 : MR == 2 ? 2 : 3;
+  int64_t k = 0;
+#ifdef ONNX2TORCH_RNN_VNNI
+  __m512i part[U][MR][G];
+  for (int u = 0; u < U; ++u)
+    for (int m = 0; m < MR; ++m)
+      for (int g = 0; g < G; ++g) part[u][m][g] = _mm512_setzero_si512();
+  auto step = [&](int u, int64_t at) {
+    __m512i w[G];
+    for (int g = 0; g < G; ++g) w[g] = _mm512_loadu_si512(panel + (at * G + g) * L * 4);
+    for (int m = 0; m < MR; ++m) {
+      int32_t four;
+      std::memcpy(&four, a + m * lda + at * 4, 4);
+      const __m512i x = _mm512_set1_epi32(four);
+      for (int g = 0; g < G; ++g) part[u][m][g] = _mm512_dpbusd_epi32(part[u][m][g], x, w[g]);
+    }
+  };
+  for (; k + U <= K4; k += U) {
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) step(u, k + u);
+  }
+  for (; k < K4; ++k) step(0, k);
+  for (int m = 0; m < MR; ++m) {
+    for (int g = 0; g < G; ++g) {
+      __m512i sum = part[0][m][g];
+      for (int u = 1; u < U; ++u) sum = _mm512_add_epi32(sum, part[u][m][g]);
+      acc[m][g] = (I)sum;
+    }
+  }
+#else
+  // The four int8 values of each lane, sign-extended by shifts, times the four uint8 values of the row.
+  I part[U][MR][G] = {};
+  auto step = [&](int u, int64_t at) {
+    for (int g = 0; g < G; ++g) {
+      const I w = load(reinterpret_cast<const int32_t*>(panel + (at * G + g) * L * 4));
+      const I w0 = (w << 24) >> 24, w1 = (w << 16) >> 24, w2 = (w << 8) >> 24, w3 = w >> 24;
+      for (int m = 0; m < MR; ++m) {
+        const uint8_t* x = a + m * lda + at * 4;
+        part[u][m][g] += w0 * int32_t{x[0]} + w1 * int32_t{x[1]} + w2 * int32_t{x[2]} + w3 * int32_t{x[3]};
+      }
+    }
+  };
+  for (; k + U <= K4; k += U) {
+    for (int u = 0; u < U; ++u) step(u, k + u);
+  }
+  for (; k < K4; ++k) step(0, k);
+  for (int m = 0; m < MR; ++m) {
+    for (int g = 0; g < G; ++g) {
+      acc[m][g] = part[0][m][g];
+      for (int u = 1; u < U; ++u) acc[m][g] += part[u][m][g];
+    }
+  }
+#endif
+}
+
+// Calls f(n0, acc) for each tile of up to kRows of `rows` rows of a, after the tile's products with one block.
+template <typename Fn>
+void tiles(const uint8_t* a, int64_t lda, int64_t rows, const int8_t* panel, int64_t K4, Fn&& f) {
+  int64_t n = 0;
+  for (; n + kRows <= rows; n += kRows) {
+    I acc[kRows][G];
+    dot<kRows>(a + n * lda, lda, panel, K4, acc);
+    f(n, acc);
+  }
+  switch (rows - n) {
+    case 1: { I acc[1][G]; dot<1>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
+    case 2: { I acc[2][G]; dot<2>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
+    case 3: { I acc[3][G]; dot<3>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
+    default: break;
+  }
+}
+
+// ---- dynamic quantization -------------------------------------------------------------------------------------------
+
+// round half to even of a float32 integer-or-not in [-2^22, 2^22]
+inline F round_even(F x) {
+  const float magic = 12582912.0f;  // 1.5 · 2^23
+  return (x + magic) - magic;
+}
+
+// Widens [low, high] to the values v[0 .. size) (NaN ignored).
+inline void widen(const float* v, int64_t size, float& low, float& high) {
+  F lo = splat(low), hi = splat(high);
+  int64_t j = 0;
+  for (; j + L <= size; j += L) {
+    const F x = load(v + j);
+    lo = x < lo ? x : lo;
+    hi = x > hi ? x : hi;
+  }
+  for (int l = 0; l < L; ++l) {
+    low = std::min(low, lo[l]);
+    high = std::max(high, hi[l]);
+  }
+  for (; j < size; ++j) {
+    low = std::min(low, v[j]);
+    high = std::max(high, v[j]);
+  }
+}
+
+struct Parameters {  // of a uint8 dynamic quantization
+  float scale = 1;
+  int32_t zero_point = 0;
+};
+
+// onnxruntime's uint8 parameters for the range [low, high] (which holds 0): (high - low) / 255 (1 for an empty range)
+// and round_half_even(clamp(-low / scale, 0, 255)), in float32 (modules/quantized.py: dynamic_parameters).
+inline Parameters parameters(float low, float high) {
+  Parameters p;
+  p.scale = high == low ? 1.0f : (high - low) / 255.0f;
+  const float zero_point = 0.0f - low / p.scale;  // NaN (from an infinite range): 0
+  p.zero_point = static_cast<int32_t>(std::nearbyint(zero_point > 0.0f ? std::min(zero_point, 255.0f) : 0.0f));
+  return p;
+}
+
+// q[j] = round_half_even(v[j] / scale) + zero point, saturated, NaN as 0 (MlasQuantizeLinear); returns Σ q.
+inline int32_t quantize(const float* v, int64_t size, Parameters p, uint8_t* q) {
+  const float zp = static_cast<float>(p.zero_point), low = -zp, high = 255.0f - zp;
+  I sums = {};
+  auto convert = [&](F x) {
+    x = x / p.scale;
+    x = !(x >= low) ? splat(low) : x;  // NaN: the lowest value
+    x = x > high ? splat(high) : x;
+    return __builtin_convertvector(round_even(x) + zp, I);
+  };
+  int64_t j = 0;
+  for (; j + L <= size; j += L) {
+    const I u = convert(load(v + j));
+    sums += u;
+    uint8_t bytes[L];  // the low bytes of the lanes
+    for (int l = 0; l < L; ++l) bytes[l] = static_cast<uint8_t>(u[l]);
+    std::memcpy(q + j, &bytes, L);
+  }
+  for (; j < size; ++j) {  // the last values one by one (a vector load past the end would read beyond v)
+    const int32_t u = convert(splat(v[j]))[0];
+    sums[0] += u;
+    q[j] = static_cast<uint8_t>(u);
+  }
+  int32_t sum = 0;
+  for (int l = 0; l < L; ++l) sum += sums[l];
+  return sum;
+}
+
+// uint8 rows (row stride lda, zeros past the values) with their parameters and row sums: what the products take.
+struct Quantized : Parameters {
+  std::vector<uint8_t> q;
+  std::vector<int32_t> sums;
+  int64_t lda = 0;
+
+  Quantized(int64_t rows, int64_t size) : q(rows * ((size + 3) / 4 * 4), 0), sums(rows, 0), lda((size + 3) / 4 * 4) {}
+};
+
+// ---- MLAS's activations ---------------------------------------------------------------------------------------------
+
+inline F fma(F a, F b, F c) {
+#ifdef __AVX512F__
+  return (F)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+  for (int l = 0; l < L; ++l) a[l] = __builtin_fmaf(a[l], b[l], c[l]);
+  return a;
+#endif
+}
+
+inline F max_of(F a, F b) { return a < b ? b : a; }
+
+// MLAS's rational approximations (modules/quantized.py: _rational): clamp, x² rounded, Horner's rule with one fused
+// multiply-add per step, (x · p) / q.
+template <size_t NP, size_t NQ>
+inline F rational(F x, float bound, const float (&p)[NP], const float (&q)[NQ]) {
+  x = clamp(x, -bound, bound);
+  const F x2 = x * x;
+  F pv = splat(p[0]), qv = splat(q[0]);
+  for (size_t k = 1; k < NP; ++k) pv = fma(x2, pv, splat(p[k]));
+  for (size_t k = 1; k < NQ; ++k) qv = fma(x2, qv, splat(q[k]));
+  return (x * pv) / qv;
+}
+
+constexpr float kTanhP[] = {-2.76076847742355e-16f, 2.00018790482477e-13f, -8.60467152213735e-11f,
+                            5.12229709037114e-08f, 1.48572235717979e-05f, 6.37261928875436e-04f,
+                            4.89352455891786e-03f};
+constexpr float kTanhQ[] = {1.19825839466702e-06f, 1.18534705686654e-04f, 2.26843463243900e-03f,
+                            4.89352518554385e-03f};
+constexpr float kLogisticP[] = {4.37031012579801e-11f, 1.15627324459942e-07f, 6.08574864600143e-05f,
+                                8.51377133304701e-03f, 2.48287947061529e-01f};
+constexpr float kLogisticQ[] = {6.10247389755681e-13f, 5.76102136993427e-09f, 6.29106785017040e-06f,
+                                1.70198817374094e-03f, 1.16817656904453e-01f, 9.93151921023180e-01f};
+
+inline F mlas_tanh(F x) { return rational(x, 9.0f, kTanhP, kTanhQ); }
+inline F mlas_logistic(F x) { return max_of(rational(x, 18.0f, kLogisticP, kLogisticQ) + 0.5f, splat(0.0f)); }
+
+
+}  // namespace int8
+}  // namespace onnx2torch_rnn
