@@ -26,6 +26,7 @@ import onnx
 import torch
 from torch import fx, nn
 
+from . import threads
 from .errors import (
     ConversionError,
     GraphConversionError,
@@ -38,6 +39,7 @@ from .loading import LoadedModel, subgraphs
 from .modules.common import DeclaredShape
 from .node import Converted, OnnxNode, StaticInput, attribute_value, bodies, free_names, read_names
 from .passes import FUSION_DOMAIN, Fusion, Recognised, recognise
+from .recurrent import LoopedRecurrent, LoopedStack, Recurrent, StackedRecurrent
 from .registry import NOT_FOLDABLE, Converter, normalize_domain, resolve, schema_for, static_inputs
 from .shape_arithmetic import DeclaredSizes, FxSizes, ShapeArithmetic, derive, is_symbolic
 from .signature import META_KEY, record
@@ -294,7 +296,15 @@ def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = Non
         raise GraphConversionError(graph.name, f"no earlier node, graph input or initializer computes {shown}")
     module = _GraphBuilder(ConversionContext(loaded, graph, plan=plan)).build(progress).module
     module.meta[META_KEY] = record(loaded.proto, loaded.types, loaded.binding)  # names, dtypes and dims, for to_onnx
+    threads.install(module, _glue_weights(module))
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
+
+
+def _glue_weights(module: nn.Module) -> int:
+    """The elements of ``module``'s parameters and buffers outside its recurrent modules."""
+    recurrent = (Recurrent, StackedRecurrent, LoopedRecurrent, LoopedStack)
+    inside = {id(t) for m in module.modules() if isinstance(m, recurrent) for t in (*m.parameters(), *m.buffers())}
+    return sum(t.numel() for t in (*module.parameters(), *module.buffers()) if id(t) not in inside)
 
 
 def _describe(module: nn.Module) -> str:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..threads import caller_threads
 from .cells import decode
 from .runtime import onnx_weights, recurrent
 
@@ -108,7 +109,7 @@ def run_stack(X, weights: list[Tensor], counts: list[int], configs: str, sequenc
               initial_c: list, *flags: bool):
     """The stack op: ``weights`` every layer's in turn, ``counts`` how many each layer takes, ``configs`` the
     layers' configs joined with "|"."""
-    return _STACK(X, weights, counts, configs, sequence_lens, initial_h, initial_c, *flags)
+    return caller_threads(_STACK, X, weights, counts, configs, sequence_lens, initial_h, initial_c, *flags)
 
 
 def output_shapes(config: str, X, weights) -> list[tuple]:
@@ -143,8 +144,8 @@ def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, 
         outputs=None):
     """The op (or its differentiable variant), with the outputs the config does not ask for as None (``outputs``:
     the config's, when the caller has them at hand)."""
-    y, y_h, y_c = (_DIFFERENTIABLE if differentiable else _RECURRENT)(X, weights, config, sequence_lens, initial_h,
-                                                                       initial_c, mask)
+    y, y_h, y_c = caller_threads(_DIFFERENTIABLE if differentiable else _RECURRENT, X, weights, config,
+                                 sequence_lens, initial_h, initial_c, mask)
     wanted = decode(config)[1].outputs if outputs is None else outputs
     return y if wanted[0] else None, y_h if wanted[1] else None, y_c if wanted[2] else None
 
