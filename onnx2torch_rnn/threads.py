@@ -52,8 +52,8 @@ def _small_call(args: tuple, kwargs: dict) -> bool:
     return all(t.is_cpu for t in tensors) and sum(t.numel() for t in tensors) <= INPUT_ELEMENTS
 
 
-def _tracing() -> bool:  # torch.compile and torch.export trace the hooks: they change nothing there
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+def _tracing() -> bool:  # torch.compile, torch.export and torch.jit.trace record the hooks: they change nothing
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
 
 def _enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
