@@ -28,6 +28,7 @@ from torch import fx, nn
 from .checking import DEFAULT_INT_RANGE, _numpy, compare_arrays, index_ranges
 from .codegen import quiet_torch
 from .errors import ExportError
+from .modules.control_flow import If
 from .modules.quantized import INTEGER_OPS
 from .onnx_rewrite import has_half_precision, lower_opset, opset_of, restore_interface
 from .recurrent import masked_onnx, onnx_translation_table, steps_read
@@ -183,6 +184,7 @@ class _Watch:
         self.running: list[str] = []
         self.dims: dict[tuple[int, int], torch.SymInt] = {}
         self.pinned_by: dict[tuple[int, int], str] = {}
+        self.decided: dict[str, str] = {}  # If node -> its condition on sizes, decided in Python
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[_Watch]:
@@ -191,6 +193,8 @@ class _Watch:
             submodule = self.module.get_submodule(target)
             handles.append(submodule.register_forward_pre_hook(lambda *_, n=label: self.running.append(n)))
             handles.append(submodule.register_forward_hook(lambda *_, n=label: self._finished(n)))
+            if isinstance(submodule, If):
+                handles.append(submodule.register_forward_pre_hook(lambda m, args, n=label: self._if(n, m, args)))
         try:
             yield self
         finally:
@@ -207,6 +211,15 @@ class _Watch:
         for key, dim in self.dims.items():
             if key not in self.pinned_by and _is_constant(dim):
                 self.pinned_by[key] = label
+
+    def _if(self, label: str, module: If, args: tuple) -> None:
+        """An If whose condition on dynamic sizes is decided in Python: from what torch.export assumes of them (a
+        condition that holds at sizes 0 or 1 only: it takes no dynamic size to be either), or where the branches
+        cannot be one torch.cond (If.carries)."""
+        cond = args[0][0] if isinstance(args[0], list) else args[0]
+        if (isinstance(cond, torch.SymBool) and cond.node.expr.free_symbols
+                and not module.carries(cond, args[1:])):
+            self.decided[label] = str(cond.node.expr)
 
     @property
     def failing_node(self) -> str | None:
@@ -246,6 +259,7 @@ def _export(module: fx.GraphModule, signature: OnnxSignature, args: tuple[torch.
         raise ExportError(f"{_prefix(watch.failing_node)}torch.export cannot trace the module at input shapes "
                           f"{shapes}: {_first_line(error)}") from error
     _refuse_pinned_dims(program, signature, axes, watch)
+    _refuse_decided_ifs(program, signature, watch)
     try:
         with quiet_torch():
             proto = torch.onnx.export(program, custom_translation_table=onnx_translation_table(), verbose=False,
@@ -271,6 +285,24 @@ def _refuse_pinned_dims(program: torch.export.ExportedProgram, signature: OnnxSi
                     f"{_prefix(watch.pinned_by.get((i, axis)))}its module pins dim {axis} ({spec.symbol(axis)!r}) "
                     f"of input {spec.name!r} to {int(dim)}: the exported model would only run at that size (if the "
                     f"original model too runs at that size only, leave {spec.symbol(axis)!r} out of dynamic=)")
+
+
+def _refuse_decided_ifs(program: torch.export.ExportedProgram, signature: OnnxSignature, watch: _Watch) -> None:
+    """An If decided in Python by a condition on dynamic sizes leaves one branch in the program, valid for a range of
+    sizes that torch.export asserts at run time and ONNX cannot hold: the written model would take that branch at
+    every size."""
+    if not watch.decided:
+        return
+    label, condition = next(iter(watch.decided.items()))
+    for node, spec in zip(_user_inputs(program), signature.inputs, strict=True):
+        for axis, dim in enumerate(node.meta["val"].shape):
+            if isinstance(dim, torch.SymInt) and dim.node.expr.is_symbol:
+                condition = re.sub(rf"\b{dim.node.expr}\b", spec.symbol(axis), condition)
+    raise ExportError(
+        f"{label}: its condition on dynamic sizes ({condition}) is decided while exporting (torch.export takes every "
+        "dynamic size to be at least 2, or the branches cannot be one torch.cond), so the written model would take "
+        "the same branch at every size: export with those dims static (dims= and dynamic= without them), or bind "
+        "the input the condition reads (convert(..., constants=...))")
 
 
 def _innermost(error: BaseException) -> BaseException:

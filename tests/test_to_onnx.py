@@ -436,3 +436,43 @@ def test_cli_refusals_and_exit_codes(tmp_path, capsys):
                  "--weights", str(tmp_path / "junk.pt")]) == 2
     assert capsys.readouterr().err.startswith(f"cannot load {tmp_path / 'junk.pt'} into the model converted from ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt", "junk.pt"]
+
+
+def _if_on_time(size: int, then_nodes: list) -> onnx.ModelProto:
+    """y [batch, 3] = then_nodes(x) where x's time dim (axis 1) is ``size``, else the maximum over time."""
+    then_branch = helper.make_graph([*then_nodes, helper.make_node("Neg", ["a"], ["then_y"])], "then", [],
+                                    [helper.make_tensor_value_info("then_y", onnx.TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("ReduceMax", ["x", "axis1"], ["else_y"], keepdims=0)], "else",
+                                    [], [helper.make_tensor_value_info("else_y", onnx.TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "one"], ["time"]),
+             helper.make_node("Equal", ["time", "size"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], name="by_time", then_branch=then_branch,
+                              else_branch=else_branch)]
+    consts = {"one": np.array(1), "size": np.array(size), "axis1": np.array([1])}
+    return make_model(nodes, [("x", np.float32, ["batch", "time", 3])], [("y", np.float32, ["batch", 3])], consts, 18)
+
+
+def test_if_on_a_size_is_written_as_an_if(tmp_path):
+    """A condition on a dynamic size that some sizes meet (time == 3, exported at time 4) is torch.cond in the
+    exported program, so the written model keeps both branches; a Python branch kept the else branch alone, which
+    the written model then took at time 3 too."""
+    model = _if_on_time(3, [helper.make_node("ReduceMin", ["x", "axis1"], ["a"], keepdims=0)])
+    to_onnx(onnx2torch_rnn.convert(model), tmp_path / "m.onnx")
+    written = onnx.load(tmp_path / "m.onnx")
+    assert "If" in [n.op_type for n in written.graph.node]
+    for time in (1, 3, 5):
+        x = RNG.standard_normal((2, time, 3)).astype(np.float32)
+        want, got = (onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                     .run(None, {"x": x})[0] for m in (model, written))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_if_decided_by_the_sizes_torch_assumes_is_refused(tmp_path):
+    """time == 1 (squeezing the axis, as a streaming model's single step): torch.export takes a dynamic size to be
+    at least 2, so it decides the condition and the squeezing branch cannot even be traced. The written model would
+    take the else branch at time 1 too: refused, naming the node and the condition; with time static it is written."""
+    model = _if_on_time(1, [helper.make_node("Squeeze", ["x", "axis1"], ["a"])])
+    module = onnx2torch_rnn.convert(model)
+    with pytest.raises(ExportError, match=r"If node 'by_time'.*\(Eq\(time, 1\)\) is decided while exporting"):
+        to_onnx(module, tmp_path / "m.onnx")
+    assert to_onnx(module, tmp_path / "m.onnx", dims={"time": 1}, dynamic=["batch"]).dynamic_dims == ["batch"]

@@ -99,13 +99,26 @@ class If(Module):
         one-element list where the graph computes a 1-d condition)."""
         cond = cond[0] if isinstance(cond, list) else cond
         if torch.compiler.is_compiling() and isinstance(cond, torch.Tensor):
-            if self.uncompilable is not None:
-                return _unstructured("If", self.uncompilable, lambda: self._python(cond, captured))
-            if not _all_tensors(captured):
-                return _unstructured("If", "a branch reads a sequence or optional value",
-                                     lambda: self._python(cond, captured))
+            if self.why_unstructured(captured) is not None:
+                return _unstructured("If", self.why_unstructured(captured), lambda: self._python(cond, captured))
+            return self._structured(cond, captured)
+        if self.carries(cond, captured):
             return self._structured(cond, captured)
         return self._python(cond, captured)
+
+    def why_unstructured(self, captured: Sequence) -> str | None:
+        """Why the branches cannot be one torch.cond; None where they can."""
+        if self.uncompilable is not None:
+            return self.uncompilable
+        return None if _all_tensors(captured) else "a branch reads a sequence or optional value"
+
+    def carries(self, cond, captured: Sequence) -> bool:
+        """Whether a condition computed from sizes becomes torch.cond: under torch.export (Dynamo guards on it and
+        recompiles), where it holds for some of the sizes only and the branches can be one torch.cond. The program
+        then keeps both branches (to_onnx writes an If) where a Python branch would keep one, for those sizes."""
+        return (isinstance(cond, torch.SymBool) and not torch.compiler.is_dynamo_compiling()
+                and not torch_compat.known_true(cond) and not torch_compat.known_true(torch.sym_not(cond))
+                and self.why_unstructured(captured) is None)
 
     def _python(self, cond: torch.Tensor | bool, captured: Sequence[torch.Tensor]):
         if bool(cond.reshape(()) if isinstance(cond, torch.Tensor) else cond):
@@ -114,7 +127,7 @@ class If(Module):
             outputs = self.else_branch(*(captured[i] for i in self.else_inputs))
         return outputs[0] if self.num_outputs == 1 else tuple(outputs)
 
-    def _structured(self, cond: torch.Tensor, captured: Sequence[torch.Tensor]):
+    def _structured(self, cond: torch.Tensor | torch.SymBool, captured: Sequence[torch.Tensor]):
         def branch(module: nn.Module, inputs: Sequence[int]) -> Callable:
             def run(*operands):
                 outputs = module(*(operands[i] for i in inputs))
@@ -124,7 +137,8 @@ class If(Module):
                 return tuple(_fixed(o) for o in outputs)
             return run
 
-        outputs = torch.cond(cond.reshape(()).to(torch.bool), branch(self.then_branch, self.then_inputs),
+        pred = cond.reshape(()).to(torch.bool) if isinstance(cond, torch.Tensor) else cond
+        outputs = torch.cond(pred, branch(self.then_branch, self.then_inputs),
                              branch(self.else_branch, self.else_inputs), tuple(captured))
         return outputs[0] if self.num_outputs == 1 else tuple(outputs)
 
