@@ -24,6 +24,7 @@ from ..recurrent.cells import Cell, decode
 from ..recurrent.module import Recurrent, native_inference
 from ..recurrent.op import _owned, output_shapes
 from ..recurrent.runtime import needs_grad, recurrent
+from ..torch_compat import buffer_dict, parameter_dict
 from .common import Module, attributes_repr
 from .nn import AveragePool, Conv, _window_counts, pad
 
@@ -788,29 +789,31 @@ class DynamicQuantizeLSTM(Recurrent):
 
     cell = QUANTIZED_LSTM_CELL
     QUANTIZED = ("W", "R", "W_scale", "W_zero_point", "R_scale", "R_zero_point")
+    BUFFERS = tuple(f"{name}_quantized" if name in ("W", "R") else name for name in QUANTIZED)
 
     def __init__(self, *, quantized: dict[str, Tensor | None], **attributes):
         super().__init__(**attributes)
-        for name in self.QUANTIZED:
-            self.register_buffer(f"{name}_quantized" if name in ("W", "R") else name, quantized.get(name))
+        for name, buffer in zip(self.QUANTIZED, self.BUFFERS, strict=True):
+            self.register_buffer(buffer, quantized.get(name))
 
     def forward(self, X, W=None, R=None, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
                 W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None):
-        given = {"W": W, "R": R, "W_scale": W_scale, "W_zero_point": W_zero_point, "R_scale": R_scale,
-                 "R_zero_point": R_zero_point}
-        own = {"W": self.W_quantized, "R": self.R_quantized, "W_scale": self.W_scale,
-               "W_zero_point": self.W_zero_point, "R_scale": self.R_scale, "R_zero_point": self.R_zero_point}
-        q = {name: own[name] if own[name] is not None else given[name] for name in self.QUANTIZED}
-        B, P = (given if mine is None else mine for mine, given in ((self.B, B), (self.P, P)))
+        # buffers and parameters read from their dicts: nn.Module's attribute lookup costs a small node's time
+        buffers, parameters = buffer_dict(self), parameter_dict(self)
+        own = [buffers[name] for name in self.BUFFERS]
+        given = (W, R, W_scale, W_zero_point, R_scale, R_zero_point)
+        q = dict(zip(self.QUANTIZED, (o if o is not None else g for o, g in zip(own, given, strict=True)),
+                     strict=True))
+        B, P = (given if mine is None else mine for mine, given in ((parameters["B"], B), (parameters["P"], P)))
         # one opaque node while compiling (the loop is not traced step by step); the native kernel in CPU inference
         if torch.compiler.is_compiling() or (X.dtype != torch.float64 and
                                              native_inference(X, (X, B, P, initial_h, initial_c))):
-            lens = self.static_lens if sequence_lens is None else sequence_lens
-            outputs = dynamic_quantize_lstm_op(X, q["W"], q["R"], B, lens, initial_h, initial_c, P, q["W_scale"],
-                                               q["W_zero_point"], q["R_scale"], q["R_zero_point"], self.op_config)
+            lens = buffers["static_lens"] if sequence_lens is None else sequence_lens
+            outputs = _DYNAMIC_QUANTIZE_LSTM(X, q["W"], q["R"], B, lens, initial_h, initial_c, P, q["W_scale"],
+                                             q["W_zero_point"], q["R_scale"], q["R_zero_point"], self.op_config)
             outputs = [o if wanted else None for o, wanted in zip(outputs, self.config.outputs, strict=True)]
         else:
-            constant = all(own[name] is not None for name in ("W", "R", "W_zero_point", "R_zero_point"))
+            constant = all(own[k] is not None for k in (0, 1, 3, 5))  # W, R and their zero points
             products = IntegerProducts(q["W_scale"], q["W_zero_point"], q["R_scale"], q["R_zero_point"],
                                        ended_rows_are_zero=self.config.outputs[0],
                                        prepare=self._kept_weights if constant else None)
@@ -856,6 +859,9 @@ def reference_dynamic_quantize_lstm(X, W, R, B, sequence_lens, initial_h, initia
                         initial_h, initial_c, P, products=products)
     outputs = [X.new_empty(0) if o is None else o for o in outputs]
     return tuple(_owned(outputs, [X, W, R, B, sequence_lens, initial_h, initial_c, P]))
+
+
+_DYNAMIC_QUANTIZE_LSTM = torch.ops.onnx2torch_rnn.dynamic_quantize_lstm.default  # the op without its Python wrapper
 
 
 @dynamic_quantize_lstm_op.register_fake
