@@ -227,3 +227,35 @@ def test_sizes_computed_from_shape_stay_symbolic(case):
             got = run(*(torch.from_numpy(v) for v in values.values()))
             np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-6, atol=1e-6)
     assert backend.graphs == 1
+
+
+RESIZE_TO_SHAPE = [("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_floor"),
+                   ("linear", "half_pixel", "round_prefer_floor"), ("linear", "align_corners", "round_prefer_floor"),
+                   ("cubic", "pytorch_half_pixel", "round_prefer_floor")]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("mode", "coordinates", "nearest"), RESIZE_TO_SHAPE)
+def test_resize_to_the_shape_of_another_tensor_stays_symbolic(mode, coordinates, nearest):
+    """A feature pyramid's Resize to the size of a skip connection (sizes = Shape(skip)): the sizes are read as
+    ints, and the scale as float32 out / in computed from them, so every size stays dynamic (the ratio need not be
+    whole); was .tolist() of the sizes tensor, unbacked under export."""
+    nodes = [helper.make_node("Shape", ["skip"], ["sizes"]),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["up"], mode=mode,
+                              coordinate_transformation_mode=coordinates, nearest_mode=nearest),
+             helper.make_node("Add", ["up", "skip"], ["y"])]
+    inputs = [("x", np.float32, ["batch", 4, "h", "w"]), ("skip", np.float32, ["batch", 4, "height", "width"])]
+    model = make_model(nodes, inputs, ["y"], opset=13)
+    module = onnx2torch_rnn.convert(model)
+    batch = Dim("batch")
+    dims = {"x": {0: batch, 2: Dim("h"), 3: Dim("w")}, "skip": {0: batch, 2: Dim("height"), 3: Dim("width")}}
+    example = (torch.randn(2, 4, 5, 6), torch.randn(2, 4, 10, 9))
+    program = torch.export.export(module, example, dynamic_shapes=dims)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed, (x_shape, skip_shape) in enumerate([((3, 4, 7, 3), (3, 4, 14, 8)), ((5, 4, 9, 8), (5, 4, 6, 8))]):
+        rng = np.random.default_rng(seed)
+        feeds = {"x": rng.standard_normal(x_shape).astype(np.float32),
+                 "skip": rng.standard_normal(skip_shape).astype(np.float32)}
+        (want,) = session.run(None, feeds)
+        got = program.module()(*(torch.from_numpy(v) for v in feeds.values()))
+        np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-5)

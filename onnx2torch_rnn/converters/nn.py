@@ -469,7 +469,7 @@ def resize(node: OnnxNode, ctx) -> Converted:
         raise node.unsupported("mode", mode, f"{mode} resizing of {dtype} tensors (onnxruntime rounds them)")
     # an empty scales input means "use sizes"
     module = m.Resize(mode, roi=roi.values(), scales=scales.values() or None, sizes=sizes.values(), **attributes)
-    return Converted(module, [node.input(0), roi.run_time, scales.run_time, sizes.run_time])
+    return with_shape_inputs(module, [node.input(0), roi.run_time, scales.run_time, sizes.run_time], (3,))
 
 
 GRID_SAMPLE_MODES = MappingProxyType({"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest",

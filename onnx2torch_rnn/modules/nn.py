@@ -750,14 +750,25 @@ def resize_geometry(in_sizes: Sequence[int], scales: Sequence[float] | None, siz
                 out[axis] = int(np.float32(value) * np.float32(size))
         return out, factors
     for axis, value in zip(axes, sizes, strict=True):
-        out[axis] = int(value)
-        factors[axis] = float(np.float32(out[axis]) / np.float32(in_sizes[axis])) if in_sizes[axis] else 1.0
+        out[axis] = value
+        factors[axis] = _size_ratio(value, in_sizes[axis])
     if policy != "stretch":
+        if torch.compiler.is_compiling():
+            raise NotImplementedError(f"Resize: keep_aspect_ratio_policy {policy!r} under compile or export")
         chosen = (min if policy == "not_larger" else max)(factors[axis] for axis in axes)
         for axis in axes:
             factors[axis] = chosen
             out[axis] = math.floor(float(np.float32(chosen) * np.float32(in_sizes[axis])) + 0.5)
     return out, factors
+
+
+def _size_ratio(out: int, size: int) -> float | torch.Tensor:
+    """float32(out) / float32(size), onnxruntime's scale of a resize to ``out``; for sizes torch.export traces, a 0-d
+    float32 tensor computed from them (numpy would pin them: a Resize to the Shape of another tensor, as feature
+    pyramids upsample, stays symbolic). Dynamo, which shows no SymInt here, guards on them as before."""
+    if isinstance(out, torch.SymInt) or isinstance(size, torch.SymInt):
+        return torch.full((), out, dtype=torch.float32) / torch.full((), size, dtype=torch.float32)
+    return float(np.float32(out) / np.float32(size)) if size else 1.0
 
 
 def _float32s(values: Sequence[float] | None) -> list[float] | None:
@@ -768,7 +779,7 @@ def _float32s(values: Sequence[float] | None) -> list[float] | None:
 def _original_coordinates(mode: str, length_out: int, length_in: int, scale, start: float, end: float):
     """Source coordinate of each output index on one axis, in float32 with onnxruntime's operation order."""
     x = torch.arange(length_out, dtype=torch.float32)
-    scale = torch.tensor(scale, dtype=torch.float32)
+    scale = torch.as_tensor(scale, dtype=torch.float32)
     zeros = torch.zeros_like(x)
     if mode == "asymmetric":
         return x / scale
@@ -777,7 +788,7 @@ def _original_coordinates(mode: str, length_out: int, length_in: int, scale, sta
     if mode == "pytorch_half_pixel":
         return (x + 0.5) / scale - 0.5 if length_out > 1 else zeros
     if mode == "align_corners":
-        return zeros if length_out == 1 else x * float(length_in - 1) / float(length_out - 1)
+        return zeros if length_out == 1 else x * (length_in - 1) / (length_out - 1)  # ints: traced sizes stay
     if mode == "tf_crop_and_resize":
         start32, end32 = torch.tensor(start, dtype=torch.float32), torch.tensor(end, dtype=torch.float32)
         if length_out > 1:
@@ -850,11 +861,13 @@ class Resize(Module):
         # run-time values: only known here (an empty scales tensor means "use sizes")
         roi = self.roi if roi is None else roi.tolist()
         scales = self._scales32 if scales is None else _float32s(scales.tolist())
-        sizes = self.sizes if sizes is None else sizes.tolist()
+        sizes = ints(self.sizes, sizes)  # ints where computed from sizes (shape arithmetic): symbolic while traced
         in_sizes = list(x.shape)
         out_sizes, factors = resize_geometry(in_sizes, scales, sizes, self.axes, self.keep_aspect_ratio_policy)
-        if out_sizes == in_sizes:
+        if all(known_true(o == i) for o, i in zip(out_sizes, in_sizes, strict=True)):
             return x
+        if any(isinstance(f, torch.Tensor) for f in factors):
+            self._refuse_traced_sizes()
         if self.mode != "nearest" and not x.is_floating_point():
             raise NotImplementedError(f"Resize mode {self.mode!r} on {x.dtype} is not supported")
         rank = x.dim()
@@ -865,7 +878,11 @@ class Resize(Module):
                 starts[axis], ends[axis] = roi[i], roi[i + len(axes)]
         y, valid = x, None
         for axis in range(rank):
-            if factors[axis] == 1:
+            # a traced size known to stay (else resampled: an axis that keeps its size at run time is resampled as
+            # the identity, where onnxruntime returns it as is: the same values but that linear and cubic weights of
+            # 0 carry an inf or NaN to its neighbours)
+            if known_true(out_sizes[axis] == in_sizes[axis]) if isinstance(factors[axis], torch.Tensor) \
+                    else factors[axis] == 1:
                 continue
             index, weight, inside = self._axis_taps(in_sizes[axis], out_sizes[axis], factors[axis], starts[axis],
                                                     ends[axis])
@@ -882,6 +899,14 @@ class Resize(Module):
         if valid is not None:
             y = torch.where(valid, y, torch.tensor(self.extrapolation_value, dtype=y.dtype, device=y.device))
         return y
+
+    def _refuse_traced_sizes(self) -> None:
+        """Sizes computed at run time under compile/export: the modes whose arithmetic stays symbolic."""
+        mode = self.coordinate_transformation_mode
+        if self.antialias or mode in ("tf_crop_and_resize", "half_pixel_symmetric", "tf_half_pixel_for_nn"):
+            what = "antialias" if self.antialias else f"coordinate_transformation_mode {mode!r}"
+            raise NotImplementedError(f"Resize to sizes computed at run time with {what} under compile or export: "
+                                      "export with the input's dims static")
 
     def _axis_taps(self, length_in: int, length_out: int, scale, start: float, end: float):
         """(source indices (out, taps), weights (out, taps) or None, in-range mask (out,)) for one axis."""
