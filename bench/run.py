@@ -589,17 +589,51 @@ def spinning(count: int):
             proc.wait()
 
 
+def thread_turns(case: Case, budget: float, rounds: int = 10) -> dict[str, float]:
+    """Median ms of the converted module (eager, no grad) and onnxruntime at 1 and 2 threads, in short turns that
+    take their turn ``rounds`` times, so that a load that comes and goes (other users) hits all four alike."""
+    module = onnx2torch_rnn.convert(case.model)
+    args = [torch.from_numpy(case.feeds[i.name]) for i in runtime_inputs(case.model)]
+    variants = {"eager1": (1, lambda: module(*args)), "eager2": (2, lambda: module(*args))}
+    for n in (1, 2):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = n, 1
+        session = ort.InferenceSession(case.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        variants[f"ort{n}"] = n, lambda s=session: s.run(None, case.feeds)
+    samples = {key: [] for key in variants}
+    with torch.no_grad():
+        check(case, "eager", _outputs(module(*args)), variants["ort1"][1]())
+        for _ in range(rounds):
+            for key, (threads, fn) in variants.items():
+                torch.set_num_threads(threads)
+                fn()  # untimed: the first call after a change of threads
+                start = time.perf_counter()
+                while key == "eager1" and time.perf_counter() - start < SETTLE:  # onnxruntime's 2 threads spin on
+                    fn()
+                start = time.perf_counter()
+                while time.perf_counter() - start < budget / rounds:
+                    t0 = time.perf_counter()
+                    fn()
+                    samples[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(v) for key, v in samples.items()}
+
+
 def busy_rows(cases: list[Case], budget: float) -> list[dict]:
-    """Each case at 1 and 2 threads (eager and onnxruntime), idle and then while os.cpu_count() processes spin: the
-    two phases of a case follow each other, so that both see the same machine (other users' load included)."""
+    """Each case at 1 and 2 threads (eager and onnxruntime, see thread_turns), idle and then while os.cpu_count()
+    processes spin: the two phases of a case follow each other, so that both see the same machine (other users'
+    load included)."""
     rows = []
+    threads = torch.get_num_threads()
     for case in cases:
         row = {"config": case.name}
         for phase, load in (("idle", contextlib.nullcontext()), ("busy", spinning(os.cpu_count() or 1))):
             with load:
-                for r in bench_case(case, [1, 2], False, budget):
-                    row.update({f"{phase} {key}{r['threads']}": r[key] for key in ("eager", "ort")})
+                row.update({f"{phase} {key}": value for key, value in thread_turns(case, budget).items()})
+        print(f"{case.name:<52} idle 2/1 thr {row['idle eager2'] / row['idle eager1']:5.2f}  busy 2/1 thr "
+              f"{row['busy eager2'] / row['busy eager1']:5.2f}  busy eager/ort 2 thr "
+              f"{row['busy eager2'] / row['busy ort2']:5.2f}", flush=True)
         rows.append(row)
+    torch.set_num_threads(threads)
     return rows
 
 
@@ -622,7 +656,7 @@ def busy_main(args) -> int:
     cases = [recurrent_model(c) for c in suite("quick")] + (model_cases() if args.models else [])
     cases = [c for c in cases if re.search(args.filter, c.name)]
     load_before = os.getloadavg()
-    rows = busy_rows(cases, args.budget or 0.3)
+    rows = busy_rows(cases, args.budget or 0.5)
     text = (f"torch {torch.__version__}, onnxruntime {ort.__version__}, {machine()}; load averages (1, 5, 15 min) "
             f"{' '.join(f'{v:.1f}' for v in load_before)} before (other users), "
             f"{' '.join(f'{v:.1f}' for v in os.getloadavg())} after (ours included). Busy: "

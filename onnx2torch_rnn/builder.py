@@ -296,14 +296,28 @@ def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = Non
         raise GraphConversionError(graph.name, f"no earlier node, graph input or initializer computes {shown}")
     module = _GraphBuilder(ConversionContext(loaded, graph, plan=plan)).build(progress).module
     module.meta[META_KEY] = record(loaded.proto, loaded.types, loaded.binding)  # names, dtypes and dims, for to_onnx
-    threads.install(module, _glue_weights(module))
+    if _runs_glue(module):  # a model of recurrent nodes alone has no torch ops to keep on one thread
+        threads.install(module, _glue_weights(module))
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
+
+
+_RECURRENT_MODULES = (Recurrent, StackedRecurrent, LoopedRecurrent, LoopedStack)
+
+
+def _runs_glue(module: fx.GraphModule) -> bool:
+    """Whether ``module``'s graph calls anything but recurrent modules and the unpacking of their outputs."""
+    for node in module.graph.nodes:
+        if node.op == "call_module" and not isinstance(module.get_submodule(node.target), _RECURRENT_MODULES):
+            return True
+        if node.op in ("call_function", "call_method") and node.target is not operator.getitem:
+            return True
+    return False
 
 
 def _glue_weights(module: nn.Module) -> int:
     """The elements of ``module``'s parameters and buffers outside its recurrent modules."""
-    recurrent = (Recurrent, StackedRecurrent, LoopedRecurrent, LoopedStack)
-    inside = {id(t) for m in module.modules() if isinstance(m, recurrent) for t in (*m.parameters(), *m.buffers())}
+    inside = {id(t) for m in module.modules() if isinstance(m, _RECURRENT_MODULES)
+              for t in (*m.parameters(), *m.buffers())}
     return sum(t.numel() for t in (*module.parameters(), *module.buffers()) if id(t) not in inside)
 
 

@@ -110,3 +110,16 @@ def test_a_model_with_large_glue_keeps_the_threads():
 
     assert onnx2torch_rnn.convert(model(8))._forward_pre_hooks
     assert not onnx2torch_rnn.convert(model(threads.GLUE_WEIGHTS // 4 + 1))._forward_pre_hooks
+
+
+def test_a_model_of_recurrent_nodes_alone_has_no_hooks():
+    """Nothing to keep on one thread: the hooks would only cost the call a few microseconds."""
+    hidden = 4
+    weights = [numpy_helper.from_array(np.ones((1, 4 * hidden, n), np.float32), name)
+               for name, n in (("W", 3), ("R", hidden))]
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["y", "y_h"], hidden_size=hidden)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 2, hidden]),
+                               helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [1, 2, hidden])], weights)
+    module = onnx2torch_rnn.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert not module._forward_pre_hooks

@@ -635,12 +635,12 @@ class Job {
   int slots() const { return slots_; }
 
   // Runs pieces as slot `me` until none is left to claim; returns while others may still run theirs. The caller
-  // (slot 0), when it waits for another thread's piece far longer than its own pieces take (the OS took that thread
-  // off its core), runs every remaining piece itself: the others claim no more.
+  // (slot 0), when it waits for another thread's piece far longer than its own last piece took (the OS took that
+  // thread off its core), runs every remaining piece itself: the others claim no more.
   void work(int me) {
     using Clock = std::chrono::steady_clock;
-    Clock::duration longest{};  // the caller's longest piece
-    Clock::time_point since;    // when the caller began to wait
+    Clock::duration last{};   // the caller's last piece
+    Clock::time_point since;  // when the caller began to wait
     for (int64_t waited = 0;;) {
       if (me != 0 && alone_.load(std::memory_order_relaxed)) return;
       int64_t phase = 0, part = 0;
@@ -648,7 +648,7 @@ class Job {
       if (claim == Claim::None) return;
       if (claim == Claim::Wait) {  // a phase still runs on another thread
         if (me == 0 && waited == 0) since = Clock::now();
-        if (me == 0 && waited % 256 == 255 && Clock::now() - since > 4 * longest + std::chrono::microseconds(50))
+        if (me == 0 && waited % 256 == 255 && Clock::now() - since > 4 * last + std::chrono::microseconds(50))
           alone_.store(true, std::memory_order_relaxed);
         pause(waited++);
         continue;
@@ -656,7 +656,7 @@ class Job {
       waited = 0;
       const Clock::time_point start = me == 0 ? Clock::now() : Clock::time_point();
       (*piece_)(me, phase, part);
-      if (me == 0) longest = std::max(longest, Clock::now() - start);
+      if (me == 0) last = Clock::now() - start;
       done_.fetch_add(1, std::memory_order_release);
     }
   }
