@@ -123,3 +123,28 @@ def test_a_model_of_recurrent_nodes_alone_has_no_hooks():
                                helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [1, 2, hidden])], weights)
     module = onnx2torch_rnn.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert not module._forward_pre_hooks
+
+
+def test_two_python_threads_run_converted_models_at_once(two_threads):
+    """Two threads of the caller's own, each running a converted model over and over at 2 torch threads (the glue
+    on one, the kernel's workers shared turn by turn), get onnxruntime's numbers."""
+    module = onnx2torch_rnn.convert(EXAMPLE)
+    inputs = [torch.randint(0, 50, (8, 64), generator=torch.Generator().manual_seed(k)) for k in (0, 1)]
+    session = ort.InferenceSession(str(EXAMPLE))
+    expected = [session.run(None, {"tokens": tokens.numpy()})[0] for tokens in inputs]
+    results: dict[int, list] = {0: [], 1: []}
+
+    def work(k):
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            results[k] += [module(inputs[k]).numpy() for _ in range(30)]
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    for k in (0, 1):
+        assert len(results[k]) == 30
+        for got in results[k]:
+            np.testing.assert_allclose(got, expected[k], rtol=1e-4, atol=1e-5)
