@@ -19,5 +19,5 @@ if [ ! -x "$venv/bin/python" ]; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==${torch_version}" -e '.[test]'
 fi
 "$venv/bin/python" -c "import sys, torch, onnx, onnxruntime, numpy; print('python', sys.version.split()[0], '| torch', torch.__version__, '| onnx', onnx.__version__, '| onnxruntime', onnxruntime.__version__, '| numpy', numpy.__version__)"
-"$venv/bin/python" -c "from onnx2torch_rnn.recurrent import kernel; print('native recurrent kernel:', 'built' if kernel.load() else 'NOT built (the Python path will run)')"
+"$venv/bin/python" -c "from onnx2torch_rnn.recurrent import kernel; print('native recurrent kernel:', kernel.variant() if kernel.load() else 'NOT built (the Python path will run)')"
 "$venv/bin/python" -m pytest -n 2 -q "$@"

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 # Build the native recurrent kernel now (about 20 s, once per machine and checkout) rather than at the first conversion.
-.venv/bin/python -c "from onnx2torch_rnn.recurrent import kernel; print('native recurrent kernel:', 'built' if kernel.load() else 'NOT built (the Python path will run)')"
+.venv/bin/python -c "from onnx2torch_rnn.recurrent import kernel; print('native recurrent kernel:', kernel.variant() if kernel.load() else 'NOT built (the Python path will run)')"

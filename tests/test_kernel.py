@@ -16,6 +16,7 @@ import torch
 
 from onnx2torch_rnn.recurrent import OnnxGRU, OnnxLSTM, kernel, op
 from onnx2torch_rnn.recurrent.cells import CELLS, encode, make_config
+from onnx2torch_rnn.recurrent.kernel import build
 from onnx2torch_rnn.recurrent.runtime import recurrent
 
 pytestmark = pytest.mark.skipif(not kernel.enabled(), reason=f"{kernel.ENVIRONMENT}=0: the Python path only")
@@ -42,15 +43,47 @@ def test_kernel_is_built():
 def test_build_name_is_per_sources_and_folder(tmp_path, monkeypatch):
     """Two checkouts of the same sources build apart: one build folder names one source path, and sharing it made
     each rebuild after the other."""
-    name = kernel._name()
-    copies = [tmp_path / path.name for path in kernel.SOURCES]
-    for path, copy in zip(kernel.SOURCES, copies, strict=True):
+    name = kernel._name("baseline")
+    copies = [tmp_path / path.name for path in kernel.FILES]
+    for path, copy in zip(kernel.FILES, copies, strict=True):
         copy.write_bytes(path.read_bytes())
-    monkeypatch.setattr(kernel, "SOURCES", copies)
-    elsewhere = kernel._name()
+    monkeypatch.setattr(kernel, "FILES", copies)
+    monkeypatch.setattr(kernel, "FOLDER", tmp_path)
+    elsewhere = kernel._name("baseline")
     assert elsewhere != name
     copies[0].write_bytes(copies[0].read_bytes() + b"\n")
-    assert kernel._name() not in (name, elsewhere)
+    assert kernel._name("baseline") not in (name, elsewhere, kernel._name("avx2"))
+
+
+def test_the_loaded_variant_is_the_chosen_one():
+    """variant() names what runs: ONNX2TORCH_RNN_CPU's variant (CI runs these tests under each this CPU can), else
+    the best this CPU runs; library() the file it came from."""
+    assert kernel.variant() == kernel.chosen()
+    assert Path(kernel.library()).is_file()
+    if kernel.prebuilt(kernel.variant()).exists():
+        assert kernel.library() == str(kernel.prebuilt(kernel.variant()))
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+AVX2 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+
+
+@pytest.mark.skipif("baseline" not in build.variants(), reason="the x86-64 variants")
+@pytest.mark.parametrize("flags, runs", [(AVX512 | AVX2 | {"sse2"}, ["avx512", "avx2", "baseline"]),
+                                         (AVX2, ["avx2", "baseline"]), (AVX512 | AVX2 - {"fma"}, ["baseline"]),
+                                         (AVX512, ["baseline"]), (set(), ["baseline"])])
+def test_variants_follow_the_cpu(monkeypatch, flags, runs):
+    monkeypatch.setattr(kernel, "cpu_flags", lambda: flags)
+    monkeypatch.delenv(kernel.CPU_ENVIRONMENT, raising=False)
+    assert kernel.supported() == runs
+    assert kernel.chosen() == runs[0]
+    monkeypatch.setenv(kernel.CPU_ENVIRONMENT, "baseline")
+    assert kernel.chosen() == "baseline"
+    for forced, message in (("avx512", "this CPU cannot run it"), ("sse9", "not a kernel variant")):
+        if forced not in runs:
+            monkeypatch.setenv(kernel.CPU_ENVIRONMENT, forced)
+            with pytest.raises(ValueError, match=message):
+                kernel.chosen()
 
 
 def random_case(rng: random.Random):
@@ -302,5 +335,5 @@ def test_wheel_carries_the_kernel_sources():
     """pyproject's package data covers every source the build reads: an installed package builds the kernel too."""
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     patterns = pyproject["tool"]["setuptools"]["package-data"]["onnx2torch_rnn.recurrent.kernel"]
-    for path in kernel.SOURCES:
+    for path in kernel.FILES:
         assert any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns), path.name

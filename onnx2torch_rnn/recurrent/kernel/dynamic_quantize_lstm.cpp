@@ -10,9 +10,9 @@
 // - The float work around them in onnxruntime's order, each operation rounded to float32: no multiply and add is
 //   contracted into a fused multiply-add (int8.h), and MLAS's own fused multiply-adds (its sigmoid and tanh) are
 //   explicit.
-// - The weights are packed once per weight version, for each block of 16 hidden units every gate's columns, four
-//   rows per int32 lane: one pass over a block yields all four gates, and the gate equations run on the
-//   accumulators at once.
+// - The weights are packed once per weight version, for each block of L hidden units (one vector register: 16 with
+//   AVX-512, 8 with AVX2) every gate's columns, four rows per int32 lane: one pass over a block yields all four
+//   gates, and the gate equations run on the accumulators at once.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

@@ -39,7 +39,7 @@
 namespace onnx2torch_rnn {
 namespace int8 {
 
-constexpr int L = 16;     // int32/float lanes of a 64-byte vector: the columns of one panel vector
+constexpr int L = Vec<float>::lanes;  // int32/float lanes of one vector register: the columns of one panel vector
 constexpr int G = 4;      // vectors per panel block (DynamicQuantizeLSTM: its four gates)
 constexpr int kRows = 4;  // rows per register tile
 using F = V<float>;

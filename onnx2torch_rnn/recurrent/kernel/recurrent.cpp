@@ -241,7 +241,7 @@ __attribute__((noinline)) void product(const T* a, int64_t lda, const T* panel, 
       for (int g = 0; g < G; ++g) {
         b[g] = load(panel + ((k + u) * G + g) * L);
         // in a register: folded into each FMA as a memory operand, b would be loaded MR times (load-bound)
-        asm volatile("" : "+v"(b[g]));
+        in_register<T>(b[g]);
       }
 #pragma GCC unroll 4
       for (int m = 0; m < MR; ++m) {

@@ -1,8 +1,8 @@
 // Vectors of 64 bytes (16 floats or 8 doubles) as GCC/Clang vector extensions, and the activations on them.
 //
 // The compiler lowers a 64-byte vector to what the target has: one AVX-512 register, two AVX2 ones, four SSE/NEON
-// ones, so the same source is fast on any CPU it is built for (the kernel is built with -march=native). Loads and
-// stores go through memcpy: unaligned, and compiled to single vector moves.
+// ones, so the same source is fast on any CPU it is built for (the kernel is built for several: kernel/build.py).
+// Loads and stores go through memcpy: unaligned, and compiled to single vector moves.
 #pragma once
 
 #include <algorithm>
@@ -11,10 +11,20 @@
 
 namespace onnx2torch_rnn {
 
+// One register of the widest vectors the target has: wider vector types are lowered to several registers, and GCC
+// 12 does that badly (a 64-byte vector on AVX2 ran 20-40x slower than one register's width).
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+#else
+constexpr int kVectorBytes = 16;
+#endif
+
 template <typename T>
 struct Vec {
-  typedef T type __attribute__((vector_size(64)));
-  static constexpr int lanes = 64 / sizeof(T);
+  typedef T type __attribute__((vector_size(kVectorBytes)));
+  static constexpr int lanes = kVectorBytes / sizeof(T);
 };
 
 template <typename T>
@@ -43,6 +53,12 @@ inline void store(T* p, V<T> v) {
 template <typename T>
 inline void store(T* p, V<T> v, int n) {
   std::memcpy(p, &v, sizeof(T) * n);
+}
+
+// Makes the compiler hold v in a register rather than fold its load into each use as a memory operand.
+template <typename T>
+__attribute__((always_inline)) inline void in_register(V<T>& v) {
+  asm volatile("" : "+v"(v));
 }
 
 template <typename T>
