@@ -22,17 +22,18 @@ LINK_FLAGS = ("-fopenmp",)
 # needs to run it (ATen's CPU capabilities AVX512, AVX2 and DEFAULT are the same split). Another machine has one
 # variant, built on first use for that CPU.
 _V3 = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
-X86_VARIANTS = {
-    "avx512": ("-march=x86-64-v4", (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
-    "avx2": ("-march=x86-64-v3", _V3),
-    "baseline": ("-march=x86-64", ()),
-}
-OTHER_VARIANTS = {"native": ("-march=native", ())}
+X86_VARIANTS = (
+    ("avx512", "-march=x86-64-v4", (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+    ("avx2", "-march=x86-64-v3", _V3),
+    ("baseline", "-march=x86-64", ()),
+)
+OTHER_VARIANTS = (("native", "-march=native", ()),)
 
 
 def variants() -> dict[str, tuple[str, tuple[str, ...]]]:
     """This platform's variants, best first: name -> (flag, CPU features it needs)."""
-    return X86_VARIANTS if platform.machine().lower() in ("x86_64", "amd64") else OTHER_VARIANTS
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    return {name: (flag, needs) for name, flag, needs in (X86_VARIANTS if x86 else OTHER_VARIANTS)}
 
 
 def flags(variant: str) -> list[str]:
