@@ -6,10 +6,10 @@
 // - The input projection X·Wᵀ + biases of every step is one product per direction before the recurrence, on W
 //   packed like the recurrent weights below, over all T·N rows.
 // - The recurrent weights are packed once per weight version (a cache keyed on the weight tensors' identity and
-//   version counters): for each block of `lanes` hidden units (16 floats, one AVX-512 register), the rows of all the
-//   cell's gates for those units, interleaved over k. One pass over a block then yields every gate of those units,
-//   and the gate equations run on the accumulators at once: the state's GEMM and the gate loop are one fused loop,
-//   with no gate buffer in between and no allocation per step.
+//   version counters): for each block of `lanes` hidden units (one vector register: 16 floats with AVX-512, 8 with
+//   AVX2), the rows of all the cell's gates for those units, interleaved over k. One pass over a block then yields
+//   every gate of those units, and the gate equations run on the accumulators at once: the state's GEMM and the gate
+//   loop are one fused loop, with no gate buffer in between and no allocation per step.
 // - Rows (batch) go in tiles of up to 4, with enough independent accumulators to hide the FMA latency.
 // - Threads: a bidirectional node runs its two directions in parallel while a direction's weights stay in cache;
 //   otherwise threads share each direction's hidden blocks, in the projection and in every step, when the work
