@@ -45,7 +45,7 @@ PY
 variants=($(python -c "from onnx2torch_rnn.recurrent import kernel; print(*kernel.supported())"))
 for variant in "${variants[@]}"; do
     echo "kernel variant $variant:"
-    files=(tests/test_kernel.py)
+    files=(tests/test_kernel.py tests/test_quantized_kernel.py)
     [ "$variant" = "${variants[0]}" ] && files+=(tests/converters/test_recurrent.py tests/converters/test_recurrent_backend.py)
     ONNX2TORCH_RNN_CPU=$variant python -m pytest -n 2 -q -p no:cacheprovider "${files[@]}"
 done

@@ -64,14 +64,15 @@ def test_the_loaded_variant_is_the_chosen_one():
         assert kernel.library() == str(kernel.prebuilt(kernel.variant()))
 
 
-AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
 AVX2 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
 
 
 @pytest.mark.skipif("baseline" not in build.variants(), reason="the x86-64 variants")
 @pytest.mark.parametrize("flags, runs", [(AVX512 | AVX2 | {"sse2"}, ["avx512", "avx2", "baseline"]),
-                                         (AVX2, ["avx2", "baseline"]), (AVX512 | AVX2 - {"fma"}, ["baseline"]),
-                                         (AVX512, ["baseline"]), (set(), ["baseline"])])
+                                         (AVX2, ["avx2", "baseline"]), ((AVX512 | AVX2) - {"fma"}, ["baseline"]),
+                                         (AVX512, ["baseline"]), (set(), ["baseline"]),
+                                         ((AVX512 | AVX2) - {"avx512_vnni"}, ["avx2", "baseline"])])
 def test_variants_follow_the_cpu(monkeypatch, flags, runs):
     monkeypatch.setattr(kernel, "cpu_flags", lambda: flags)
     monkeypatch.delenv(kernel.CPU_ENVIRONMENT, raising=False)

@@ -17,27 +17,29 @@ HEADERS = ("config.h", "vec.h", "int8.h")  # included by them: they count in the
 COMMON_FLAGS = ("-O3", "-fno-math-errno", "-fopenmp")
 LINK_FLAGS = ("-fopenmp",)
 
-# The variants, best first: the x86-64 micro-architecture levels that change the kernel's code (64-byte vectors in
-# one AVX-512 register, in two AVX2 ones with FMA, in four SSE2 ones), each with the /proc/cpuinfo flags a CPU
-# needs to run it (ATen's CPU capabilities AVX512, AVX2 and DEFAULT are the same split). Another machine has one
-# variant, built on first use for that CPU.
+# The variants, best first: the x86-64 micro-architecture levels that change the kernel's code (vectors of one
+# AVX-512 register, of one AVX2 register with FMA, of one SSE2 register), each with the /proc/cpuinfo flags a CPU
+# needs to run it (ATen's CPU capabilities AVX512, AVX2 and DEFAULT are the same split). avx512 also takes VNNI, the
+# int8 kernel's products (dynamic_quantize_lstm.cpp: 3-8x faster than without): AVX-512 CPUs without it (Skylake-SP
+# and -X) run avx2. Another machine has one variant, built on first use for that CPU.
 _V3 = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
 X86_VARIANTS = (
-    ("avx512", "-march=x86-64-v4", (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
-    ("avx2", "-march=x86-64-v3", _V3),
-    ("baseline", "-march=x86-64", ()),
+    ("avx512", ("-march=x86-64-v4", "-mavx512vnni"),
+     (*_V3, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni")),
+    ("avx2", ("-march=x86-64-v3",), _V3),
+    ("baseline", ("-march=x86-64",), ()),
 )
-OTHER_VARIANTS = (("native", "-march=native", ()),)
+OTHER_VARIANTS = (("native", ("-march=native",), ()),)
 
 
-def variants() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """This platform's variants, best first: name -> (flag, CPU features it needs)."""
+def variants() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """This platform's variants, best first: name -> (flags, CPU features it needs)."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return {name: (flag, needs) for name, flag, needs in (X86_VARIANTS if x86 else OTHER_VARIANTS)}
+    return {name: (flags, needs) for name, flags, needs in (X86_VARIANTS if x86 else OTHER_VARIANTS)}
 
 
 def flags(variant: str) -> list[str]:
-    return [*COMMON_FLAGS, variants()[variant][0]]
+    return [*COMMON_FLAGS, *variants()[variant][0]]
 
 
 def library_name(variant: str, torch_version: str) -> str:
