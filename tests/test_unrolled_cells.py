@@ -20,7 +20,15 @@ from onnx import helper
 
 import onnx2torch_rnn
 from tests.exporters.common import MODELS, compare_with_onnxruntime, manifest_input_sets, read_manifest
-from tests.helpers import assert_fused_trains_like_literal, literal_ops, looped, make_model, recurrent_modules, stacks
+from tests.helpers import (
+    assert_fused_trains_like_literal,
+    literal_ops,
+    looped,
+    make_model,
+    recurrent_modules,
+    stacks,
+)
+from tests.helpers import check as check_against_onnxruntime
 
 TORCH = MODELS / "torch"
 MANIFEST = read_manifest(TORCH)
@@ -542,3 +550,16 @@ def test_codegen_writes_the_window(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(x), converted(x), rtol=0, atol=0)
     compare_with_onnxruntime(rebuilt, model, {"x": x.numpy()})
+
+
+def test_a_wide_input_is_not_proven_a_projection():
+    """A MatMul whose input is wider than the proof's identity can hold (262145 x 262145 in float64: 512 GiB) converts
+    as written, and matches onnxruntime: recognition does not run out of memory (it did)."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((262145, 4)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "wide",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 262145])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    check_against_onnxruntime(model, {"x": rng.standard_normal((1, 262145)).astype(np.float32)}, rtol=1e-4, atol=1e-3)

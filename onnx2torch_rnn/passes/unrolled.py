@@ -104,6 +104,9 @@ from .stacked import (
 _BIG = 2 ** 31 - 1  # a Slice end at least this large runs to the end of the axis
 _STREAMING_NODES = 200  # the most nodes a streaming step with what follows it may have (a cell step is a dozen)
 _STREAMING_RETURNED = 6  # the most values it returns whose subsets are tried as one cell's (a two-cell LSTM step's 4)
+# The widest step input whose projection is proven: the proof tracks x as a width x width identity (float64), so
+# 4096 costs 128 MiB; a wider input stays as written (a [262145, 4] MatMul asked for 512 GiB)
+_WIDEST_INPUT = 4096
 # ops whose value is (a form of) the step's: the dependency on the slices goes through them
 _FORM_OPS = frozenset({"MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Identity", "Cast", "Squeeze", "Unsqueeze",
                        "Split", "Slice", "Clip", "Min", "Max", "Concat", *_ACTIVATIONS})
@@ -316,7 +319,7 @@ def _projection(view: GraphView, slices: _Slices) -> tuple[str, Form, bool, list
         readers = {id(node)}
         value = variable[0]
     width, rank = (view.shape(value) or [None])[-1], 2 if axis is None else 3
-    if _rank(view, value) != rank:
+    if _rank(view, value) != rank or (isinstance(width, int) and width > _WIDEST_INPUT):
         return None
     evaluator = _StepEvaluator(view)
     evaluator.set(value, Form({evaluator.x_atom: np.eye(width) if isinstance(width, int) else 1.0}), rank)
