@@ -50,6 +50,17 @@ def test_upsampling_cnn_compiles_in_one_graph(file):
 
 
 @pytest.mark.compile
+def _exported_matches_onnxruntime(model, module, dims: dict, example: tuple, shapes: list) -> None:
+    """``module`` exported with input x's ``dims`` dynamic at the ``example`` shape runs at each of ``shapes`` as
+    onnxruntime runs ``model``."""
+    program = torch.export.export(module, (torch.randn(example),), dynamic_shapes={"x": dims})
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed, shape in enumerate(shapes):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        (want,) = session.run(None, {"x": x})
+        np.testing.assert_allclose(program.module()(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+
+
 def test_batch_norm_with_shared_statistics_exports():
     """Statistics another node reads too (as paddle2onnx shares them between BatchNormalizations) are parameters of
     the GraphModule, which require grad: torch.export refuses batch_norm's gradient of them, so compiled they are
@@ -63,12 +74,7 @@ def test_batch_norm_with_shared_statistics_exports():
     module = onnx2torch_rnn.convert(model)
     assert module.mean.requires_grad
     dims = {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}
-    program = torch.export.export(module, (torch.randn(2, 4, 5, 6),), dynamic_shapes={"x": dims})
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for seed, shape in enumerate([(3, 4, 7, 2), (5, 4, 3, 9)]):
-        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-        (want,) = session.run(None, {"x": x})
-        np.testing.assert_allclose(program.module()(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+    _exported_matches_onnxruntime(model, module, dims, (2, 4, 5, 6), [(3, 4, 7, 2), (5, 4, 3, 9)])
 
 
 def _shape_slice(source: str, start: int, end: int, name: str) -> list:
@@ -104,12 +110,7 @@ def test_reshape_chain_from_computed_shapes_exports(opset):
                        [("y", np.float32, ["batch", None, 8])], consts, opset)
     module = onnx2torch_rnn.convert(model)
     dims = {0: Dim("batch"), 2: Dim("height"), 3: Dim("width")}
-    program = torch.export.export(module, (torch.randn(2, 8, 4, 6),), dynamic_shapes={"x": dims})
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for seed, shape in enumerate([(3, 8, 5, 2), (5, 8, 3, 9)]):
-        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-        (want,) = session.run(None, {"x": x})
-        np.testing.assert_allclose(program.module()(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+    _exported_matches_onnxruntime(model, module, dims, (2, 8, 4, 6), [(3, 8, 5, 2), (5, 8, 3, 9)])
 
 
 @pytest.mark.compile
