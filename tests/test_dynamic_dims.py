@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 from torch.export import Dim
 
 import onnx2torch_rnn
+from onnx2torch_rnn.modules.nn import floor_ratio
 from tests.exporters.common import MODELS, read_manifest
 from tests.helpers import check_file, make_model
 from tests.recurrent_models import CountingBackend
@@ -260,3 +261,46 @@ def test_resize_to_the_shape_of_another_tensor_stays_symbolic(mode, coordinates,
         (want,) = session.run(None, feeds)
         got = program.module()(*(torch.from_numpy(v) for v in feeds.values()))
         np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [0.5, 1.5, 0.375, 1 / 3, 0.7, 0.1, 3.7, 0.123456])
+def test_floor_ratio_is_onnxruntimes_output_size(scale):
+    """floor_ratio's (n * p) // q is int(float32(n) * scale) in float32 (onnxruntime's output size of Resize by
+    scales) for every n up to its limit: every n below 2**20 (also the first one past a limit there), and 4096
+    samples up to a larger limit (a scale float32 holds as p / q, q a power of 2)."""
+    p, q, limit = floor_ratio(scale)
+    n = np.arange(min(limit + 2, 2**20), dtype=np.int64)
+    n = np.concatenate([n, np.random.default_rng(0).integers(0, limit + 1, 4096), [limit]])
+    onnxruntime_sizes = (n.astype(np.float32) * np.float32(scale)).astype(np.int64)
+    inside = n <= limit
+    np.testing.assert_array_equal(n[inside] * p // q, onnxruntime_sizes[inside])
+    assert limit >= 2**20 - 1 or (n * p // q != onnxruntime_sizes)[~inside].any()
+
+
+RESIZE_BY_SCALES = [("linear", "half_pixel", "round_prefer_floor", [1, 1, 1 / 3, 0.7]),
+                    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+                        ("linear", "half_pixel", "round_prefer_floor", [1, 1, 0.5, 1.5]),
+                        ("nearest", "asymmetric", "floor", [1, 1, 0.5, 1.5]),
+                        ("nearest", "half_pixel", "round_prefer_floor", [1, 1, 1 / 3, 0.7]),
+                        ("linear", "align_corners", "round_prefer_floor", [1, 1, 1 / 3, 0.7]),
+                        ("cubic", "pytorch_half_pixel", "round_prefer_floor", [1, 1, 0.5, 1.5])])]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("mode", "coordinates", "nearest", "scales"), RESIZE_BY_SCALES)
+def test_resize_by_fractional_scales_stays_symbolic(mode, coordinates, nearest, scales):
+    """Resize by a scale that is no whole number: onnxruntime's size int(float32(n) * scale) is (n * p) // q for
+    the sizes floor_ratio proves (was float32 arithmetic on the size, which pinned it). Export asks for a Dim with
+    those bounds (outputs of 2 or more and the proven limit) and says which; within them the program runs at
+    other sizes as onnxruntime does."""
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode,
+                              coordinate_transformation_mode=coordinates, nearest_mode=nearest)]
+    model = make_model(nodes, [("x", np.float32, ["batch", 2, "h", "w"])], ["y"],
+                       {"scales": np.array(scales, np.float32)}, opset=13)
+    module = onnx2torch_rnn.convert(model)
+    example = (2, 2, 9, 6)
+    with pytest.raises(torch._dynamo.exc.UserError, match=r"Suggested fixes:\n  h = Dim\('h', min=\d+, max=\d+\)"):
+        torch.export.export(module, (torch.randn(example),),
+                            dynamic_shapes={"x": {0: Dim("batch"), 2: Dim("h"), 3: Dim("w")}})
+    dims = {0: Dim("batch"), 2: Dim("h", min=6, max=10_000), 3: Dim("w", min=6, max=10_000)}
+    _exported_matches_onnxruntime(model, module, dims, example, [(3, 2, 7, 11), (1, 2, 20, 6)])

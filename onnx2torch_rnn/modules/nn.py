@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 from types import MappingProxyType
 
 import numpy as np
@@ -729,23 +730,34 @@ class Einsum(Module):
 # ----------------------------------------------------------------------------------------------- resizing
 
 def resize_geometry(in_sizes: Sequence[int], scales: Sequence[float] | None, sizes: Sequence[int] | None,
-                    axes: Sequence[int] | None, policy: str = "stretch") -> tuple[list[int], list[float]]:
+                    axes: Sequence[int] | None, policy: str = "stretch",
+                    ratios: Sequence | None = None) -> tuple[list[int], list[float]]:
     """(output sizes, per-axis float32 scales as Python floats) as onnxruntime computes them: floor(scale * in) in
     float32 from scales (given as float32 values); from sizes the scale is out / in, and keep_aspect_ratio_policy
     rounds min/max(scale) * in half up.
 
     A whole scale k gives k * in without numpy: symbolic under compile/export (exact while float32 holds k * in
-    exactly, below 2**24), and no numpy scalar for Dynamo to trace."""
+    exactly, below 2**24), and no numpy scalar for Dynamo to trace. A traced size under another scale is
+    (in * p) // q, from ``ratios`` (each scale's ``floor_ratio``, computed at construction: numpy), with a check that
+    it is within the sizes where that is proven."""
     rank = len(in_sizes)
     axes = list(range(rank)) if not axes else [a % rank for a in axes]
     factors = [1.0] * rank
     out = list(in_sizes)
     if scales:
-        for axis, value in zip(axes, scales, strict=True):
+        for i, (axis, value) in enumerate(zip(axes, scales, strict=True)):
             factors[axis] = value
             size = in_sizes[axis]
             if value == int(value) and (isinstance(size, torch.SymInt) or value * size < 2**24):
                 out[axis] = int(value) * size
+            elif isinstance(size, torch.SymInt) and ratios and ratios[i] is not None:
+                p, q, limit = ratios[i]
+                # guards on the input size, whose bounds torch.export's solver reads (it fails on the rational
+                # bounds that the output size's >= 2, asked by broadcasting and contiguity, would give) and
+                # names with the Dim to use where the Dim allows other sizes: outputs of 2 or more, exact sizes
+                torch._check(size >= -(-2 * q // p))
+                torch._check(size <= limit)
+                out[axis] = size * p // q
             else:
                 out[axis] = int(np.float32(value) * np.float32(size))
         return out, factors
@@ -760,6 +772,22 @@ def resize_geometry(in_sizes: Sequence[int], scales: Sequence[float] | None, siz
             factors[axis] = chosen
             out[axis] = math.floor(float(np.float32(chosen) * np.float32(in_sizes[axis])) + 0.5)
     return out, factors
+
+
+def floor_ratio(scale: float, checked: int = 2**20) -> tuple[int, int, int] | None:
+    """(p, q, limit): onnxruntime's output size under a float32 ``scale``, int(float32(n) * scale) in float32, is
+    (n * p) // q for every size 0 <= n <= limit, or None where no p / q holds for n up to 2 (the scale is no
+    ratio of small integers). p / q is the nearest ratio with q <= 2**16, compared with onnxruntime's arithmetic for
+    every n below ``checked``; a scale that float32 holds exactly as p / q (q a power of 2: 0.5, 1.5, 0.375) has
+    the exact product float32(n * p / q) while n * p < 2**24, so its limit extends that far."""
+    ratio = Fraction(float(np.float32(scale))).limit_denominator(2**16)
+    p, q = ratio.numerator, ratio.denominator
+    n = np.arange(checked, dtype=np.int64)
+    wrong = np.flatnonzero((n.astype(np.float32) * np.float32(scale)).astype(np.int64) != n * p // q)
+    limit = int(wrong[0]) - 1 if wrong.size else checked - 1
+    if ratio == float(np.float32(scale)) and not wrong.size:
+        limit = max(limit, (2**24 - 1) // p)
+    return (p, q, limit) if limit >= 2 else None
 
 
 def _size_ratio(out: int, size: int) -> float | torch.Tensor:
@@ -856,6 +884,7 @@ class Resize(Module):
         self.keep_aspect_ratio_policy = keep_aspect_ratio_policy
         self.roi, self.scales, self.sizes = roi, scales, sizes
         self._scales32 = _float32s(scales)  # numpy at construction, not in a traced forward
+        self._ratios = scales and [None if v == int(v) else floor_ratio(v) for v in self._scales32]
 
     def forward(self, x, roi=None, scales=None, sizes=None):
         # run-time values: only known here (an empty scales tensor means "use sizes")
@@ -863,7 +892,8 @@ class Resize(Module):
         scales = self._scales32 if scales is None else _float32s(scales.tolist())
         sizes = ints(self.sizes, sizes)  # ints where computed from sizes (shape arithmetic): symbolic while traced
         in_sizes = list(x.shape)
-        out_sizes, factors = resize_geometry(in_sizes, scales, sizes, self.axes, self.keep_aspect_ratio_policy)
+        out_sizes, factors = resize_geometry(in_sizes, scales, sizes, self.axes, self.keep_aspect_ratio_policy,
+                                             self._ratios if scales is self._scales32 else None)
         if all(known_true(o == i) for o, i in zip(out_sizes, in_sizes, strict=True)):
             return x
         if any(isinstance(f, torch.Tensor) for f in factors):
