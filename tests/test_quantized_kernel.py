@@ -158,3 +158,39 @@ def test_matmul_integer_matches_python(a_type, b_type, zero_points, a_shape, n):
                   }[zero_points]
     want = torch.matmul(q.shifted(a, q._row_zero_point(a_zp)), q.shifted(b, b_zp)).to(torch.int32)
     assert torch.equal(NATIVE.matmul_integer(a, b, a_zp, b_zp), want)
+
+
+def random_conv(rng: random.Random, generator: torch.Generator):
+    """A ConvInteger module and operands: 1-3 spatial axes, groups, strides, dilations, explicit or automatic pads,
+    uint8/int8 each, zero points absent, one value, or per output channel for w."""
+    rank, group = rng.choice([1, 2, 2, 3]), rng.choice([1, 1, 2, 3])
+    channels, out = group * rng.choice([1, 2, 5]), group * rng.choice([1, 2, 4])
+    kernel = [rng.choice([1, 2, 3]) for _ in range(rank)]
+    x_shape = (rng.choice([1, 2]), channels, *[rng.choice([3, 6, 9]) + k for k in kernel])
+    if rank == 2 and rng.random() < 0.2:  # more output positions than one tile
+        x_shape = (*x_shape[:2], 20, 33)
+    strides, dilations = [rng.choice([1, 2]) for _ in range(rank)], [rng.choice([1, 2]) for _ in range(rank)]
+    auto_pad = rng.choice(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
+    pads = [rng.choice([0, 1, 2]) for _ in range(2 * rank)] if auto_pad == "NOTSET" else None
+    conv = q.ConvInteger(auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides)
+    x_type, w_type = rng.choice([torch.uint8, torch.int8]), rng.choice([torch.uint8, torch.int8])
+    x, w = integers(generator, x_type, x_shape), integers(generator, w_type, (out, channels // group, *kernel))
+    x_zp = rng.choice([None, integers(generator, x_type, ())])
+    w_zp = rng.choice([None, integers(generator, w_type, ()), integers(generator, w_type, (out,))])
+    return conv, x, w, x_zp, w_zp
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_conv_integer_matches_python(seed, monkeypatch):
+    """ConvInteger's native op (conv_integer.cpp) against the Python reference, bit for bit, and the module calls
+    it in eager inference."""
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    calls = []
+    monkeypatch.setattr(q, "_NATIVE", type("Spy", (), {"conv_integer": lambda self, *args: calls.append(1) or
+                                                       NATIVE.conv_integer(*args)})())
+    for _ in range(40):
+        conv, x, w, x_zp, w_zp = random_conv(rng, generator)
+        want = q.integer_conv(conv, x, w, x_zp, w_zp).to(torch.int32)
+        got = conv(x, w, x_zp, w_zp)
+        assert got.dtype == torch.int32 and got.shape == want.shape and torch.equal(got, want)
+    assert len(calls) == 40

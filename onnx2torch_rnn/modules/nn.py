@@ -125,13 +125,18 @@ class Conv(Module):
         self.auto_pad, self.dilations, self.group = auto_pad, dilations, group
         self.kernel_shape, self.pads, self.strides = kernel_shape, pads, strides
 
-    def forward(self, x, w, b=None):
+    def geometry(self, x, w) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(strides, dilations, pad begins, pad ends) per spatial axis of this convolution of x by w."""
         n = w.dim() - 2
         kernel = list(w.shape[2:])
         if self.kernel_shape is not None and list(self.kernel_shape) != kernel:
             raise ValueError(f"Conv: kernel_shape {self.kernel_shape} does not match the weight shape {kernel}")
         strides, dilations = per_axis(self.strides, n, 1), per_axis(self.dilations, n, 1)
-        begins, ends = conv_pads(self.auto_pad, x.shape[2:], kernel, strides, dilations, self.pads)
+        return strides, dilations, *conv_pads(self.auto_pad, x.shape[2:], kernel, strides, dilations, self.pads)
+
+    def forward(self, x, w, b=None):
+        n = w.dim() - 2
+        strides, dilations, begins, ends = self.geometry(x, w)
         padding = begins
         if begins != ends:  # torch pads symmetrically: pad explicitly first
             x, padding = pad(x, [0, 0, *begins], [0, 0, *ends]), 0

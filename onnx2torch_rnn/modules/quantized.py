@@ -250,13 +250,30 @@ def _channel(parameter: Tensor | None, rank: int, axis: int = 1) -> Tensor | Non
     return parameter.reshape([-1 if d == axis else 1 for d in range(rank)])
 
 
+def native_conv(conv: Conv, x: Tensor, w: Tensor, x_zero_point: Tensor | None,
+                w_zero_point: Tensor | None) -> Tensor | None:
+    """The exact int32 convolution by the native kernel's conv_integer (recurrent/kernel/conv_integer.cpp) where it
+    takes these operands (8-bit, 1-3 spatial axes, x's zero point one value, w's one or per output channel), else
+    None (the caller computes it as ``integer_conv`` does: the same numbers)."""
+    byte = (torch.uint8, torch.int8)
+    if not (x.dtype in byte and w.dtype in byte and 3 <= x.dim() <= 5 and w.dim() == x.dim()
+            and (x_zero_point is None or x_zero_point.numel() == 1)
+            and (w_zero_point is None or w_zero_point.numel() in (1, w.shape[0])) and native(x)):
+        return None
+    strides, dilations, begins, ends = conv.geometry(x, w)
+    if min(begins + ends) < 0:
+        return None
+    return _NATIVE.conv_integer(x, w, x_zero_point, w_zero_point, strides, begins + ends, dilations, conv.group)
+
+
 class ConvInteger(Conv):
     """ONNX ConvInteger: exact int32 convolution of x - x_zero_point by w - w_zero_point (per output channel or
     not); padding counts as x_zero_point, i.e. zero after the shift."""
 
     def forward(self, x: Tensor, w: Tensor, x_zero_point: Tensor | None = None,
                 w_zero_point: Tensor | None = None) -> Tensor:
-        return integer_conv(self, x, w, x_zero_point, w_zero_point).to(torch.int32)
+        acc = native_conv(self, x, w, x_zero_point, w_zero_point)
+        return integer_conv(self, x, w, x_zero_point, w_zero_point).to(torch.int32) if acc is None else acc
 
 
 class QLinearMatMul(Module):
@@ -273,9 +290,10 @@ class QLinearConv(Conv):
     x_scale * w_scale / y_scale (float32)."""
 
     def forward(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None):
-        acc = integer_conv(self, x, w, x_zero_point, w_zero_point).double()
+        acc = native_conv(self, x, w, x_zero_point, w_zero_point)  # int32, + the int32 bias as onnxruntime adds it
+        acc = integer_conv(self, x, w, x_zero_point, w_zero_point).double() if acc is None else acc
         if B is not None:
-            acc = acc + _channel(B.double(), acc.dim())
+            acc = acc + _channel(B.to(acc.dtype), acc.dim())
         multiplier = _channel(as_float(x_scale) * as_float(w_scale) / as_float(y_scale), acc.dim())
         return requantize(acc, multiplier, y_zero_point, y_zero_point.dtype)
 
