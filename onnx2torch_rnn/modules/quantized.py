@@ -371,6 +371,26 @@ class MatMulIntegerToFloat(Module):
         return scale_bias(acc, a_scale.float() * b_scale.float(), bias)
 
 
+class DynamicQuantizedProduct(Module):
+    """DynamicQuantizeLinear -> MatMulInteger or ConvInteger by constant weights -> Cast to float -> Mul by
+    x_scale * w_scale (-> Add of a constant bias) in one module (passes/quantized.py): the same float32 steps as
+    those nodes."""
+
+    def __init__(self, integer: MatMulInteger | ConvInteger, weight: Tensor, weight_zero_point: Tensor | None,
+                 weight_scale: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.integer = integer
+        for name, value in (("weight", weight), ("weight_zero_point", weight_zero_point),
+                            ("weight_scale", weight_scale), ("bias", bias)):
+            self.register_buffer(name, value)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, scale, zero_point = dynamic_quantize(x)
+        acc = type(self.integer).forward(self.integer, q, self.weight, zero_point, self.weight_zero_point)
+        value = acc.float() * (scale * self.weight_scale)
+        return value if self.bias is None else value + self.bias
+
+
 def convert_and_pack(value: Tensor, dtype: torch.dtype) -> Tensor:
     """MLAS's vector conversion of a float to ``dtype``: cvtps2dq (round half to even; NaN and values past the int32
     range give INT32_MIN), then saturating packs. Unlike a clamp in float, overflow lands on the lowest value."""
@@ -892,5 +912,5 @@ def _(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
 # and its float64 or Python-loop forms would not be what onnxruntime runs); Q/DQ modules export as float arithmetic.
 INTEGER_OPS = (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, DynamicQuantizeMatMul, MatMulIntegerToFloat,
                QLinearAdd, QLinearMul, QLinearLookup, QLinearGlobalAveragePool, QLinearAveragePool, QLinearSoftmax,
-               QLinearConcat, QGemm, DynamicQuantizeLSTM)
+               QLinearConcat, QGemm, DynamicQuantizeLSTM, DynamicQuantizedProduct)
 

@@ -1,0 +1,77 @@
+"""Dynamic quantization of a float input, its integer product by constant weights and the scaling back to float, as
+onnxruntime's quantize_dynamic writes them (per MatMul or Conv):
+
+    DynamicQuantizeLinear(x) -> (xq, x_scale, x_zero_point)
+    MatMulInteger or ConvInteger(xq, W, x_zero_point, W_zero_point) -> Cast(float) -> Mul(., x_scale * W_scale)
+    [-> Add(., bias)]
+
+become one module (``DynamicQuantizedProduct``): six or seven modules per call as written, one here. The same
+operations on the same values in the same order (the two products and the sum are commutative in float32, and
+broadcast alike), so the same numbers as the nodes as written, i.e. onnxruntime's. Only where each intermediate value
+has no other reader, the weights, their zero point, scale and the bias are constants and the scale and bias are
+float32.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from ..modules.quantized import DynamicQuantizedProduct
+from ..node import Converted
+from . import Fusion, GraphView, attribute, register_pattern
+
+_STANDARD = ("", "ai.onnx")
+_FLOAT = onnx.TensorProto.FLOAT
+
+
+def _op(node: onnx.NodeProto | None, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in _STANDARD
+
+
+def _other(node: onnx.NodeProto, name: str) -> str | None:
+    """The other input of a two-input node that reads ``name`` once."""
+    inputs = list(node.input)
+    if len(inputs) != 2 or inputs.count(name) != 1:
+        return None
+    return inputs[1 - inputs.index(name)]
+
+
+def _float_constant(view: GraphView, name: str | None) -> bool:
+    return bool(name) and view.is_constant(name) and view.elem_type(name) == _FLOAT
+
+
+@register_pattern("dynamic_quantized_product")
+def dynamic_quantized_product(view: GraphView):
+    for product in view.nodes:
+        if not (_op(product, "MatMulInteger") or _op(product, "ConvInteger")):
+            continue
+        inputs = [*product.input, "", "", ""][:4]
+        quantizer = view.producer.get(inputs[0])
+        if not _op(quantizer, "DynamicQuantizeLinear") or inputs[2] != quantizer.output[2]:
+            continue
+        if view.only_consumer(inputs[0]) is not product or view.only_consumer(inputs[2]) is not product or not all(
+                view.is_constant(name) for name in (inputs[1], inputs[3]) if name):
+            continue
+        cast = view.only_consumer(product.output[0])
+        if not _op(cast, "Cast") or attribute(cast, "to") != _FLOAT:
+            continue
+        mul = view.only_consumer(cast.output[0])
+        scales = view.producer.get(_other(mul, cast.output[0]) or "") if _op(mul, "Mul") else None
+        if not _op(scales, "Mul") or view.only_consumer(scales.output[0]) is not mul or view.only_consumer(
+                quantizer.output[1]) is not scales or not _float_constant(view, _other(scales, quantizer.output[1])):
+            continue
+        nodes, bias = [product, quantizer, scales, cast, mul], None
+        add = view.only_consumer(mul.output[0])
+        if _op(add, "Add") and _float_constant(view, _other(add, mul.output[0])):
+            nodes, bias = [*nodes, add], _other(add, mul.output[0])
+        names = (quantizer.input[0], inputs[1], inputs[3] or None, _other(scales, quantizer.output[1]), bias)
+        yield Fusion("dynamic_quantized_product", f"dynamic quantized {product.op_type}", nodes,
+                     [name for name in names if name], [nodes[-1].output[0]],
+                     lambda ctx, product=product, names=names: _convert(ctx, product, *names))
+
+
+def _convert(ctx, product: onnx.NodeProto, x: str, weight: str, zero_point: str | None, scale: str,
+             bias: str | None) -> Converted:
+    integer = ctx.convert(product).module  # the MatMulInteger or ConvInteger module, its attributes checked
+    constants = [ctx.constant(name) if name else None for name in (weight, zero_point, scale, bias)]
+    return Converted(DynamicQuantizedProduct(integer, *constants), [x])
