@@ -383,10 +383,18 @@ class DynamicQuantizedProduct(Module):
         for name, value in (("weight", weight), ("weight_zero_point", weight_zero_point),
                             ("weight_scale", weight_scale), ("bias", bias)):
             self.register_buffer(name, value)
+        # what integer_matmul would check on each call, checked once: the native kernel's matmul_integer takes it
+        self.native_matmul = isinstance(integer, MatMulInteger) and weight.dim() == 2 and weight.dtype in (
+            torch.uint8, torch.int8) and (weight_zero_point is None or weight_zero_point.numel() == 1 or (
+                weight_zero_point.dim() == 1 and len(weight_zero_point) == weight.shape[1]))
 
     def forward(self, x: Tensor) -> Tensor:
-        q, scale, zero_point = dynamic_quantize(x)
-        acc = type(self.integer).forward(self.integer, q, self.weight, zero_point, self.weight_zero_point)
+        if self.native_matmul and x.dim() >= 1 and native(x):
+            q, scale, zero_point = _NATIVE.dynamic_quantize_linear(x)
+            acc = _NATIVE.matmul_integer(q, self.weight, zero_point, self.weight_zero_point)
+        else:
+            q, scale, zero_point = dynamic_quantize(x)
+            acc = type(self.integer).forward(self.integer, q, self.weight, zero_point, self.weight_zero_point)
         value = acc.float() * (scale * self.weight_scale)
         return value if self.bias is None else value + self.bias
 
