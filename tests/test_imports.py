@@ -158,7 +158,8 @@ def mutable_globals(source: str) -> list[tuple[str, int]]:
 
 def test_no_module_level_mutable_state_besides_the_registries():
     """Tables are constant (MappingProxyType, frozenset, tuple); a cache is a documented functools.cache (of a pure
-    function, or the kernel's one load attempt). Mutable globals are state that one conversion leaves to the next,
+    function, or the kernel's one load attempt), or the kernel's packed weights (recurrent/op.py: PACKS, by weight
+    identity and version). Mutable globals are state that one conversion leaves to the next,
     or one thread to another."""
     found = {f"{name.removeprefix(PACKAGE + '.')}.{variable}" for name, path in modules().items()
              for variable, _ in mutable_globals(path.read_text())}

@@ -1,6 +1,6 @@
 """The native recurrent kernel against the Python recurrence (its reference), over random configurations; its
-weight cache; its errors. The parametrised recurrent tests against onnxruntime run with the kernel too (and CI runs
-them once more with ONNX2TORCH_RNN_NATIVE=0, for the Python path)."""
+packed-weight cache (op.PACKS); its errors. The parametrised recurrent tests against onnxruntime run with the kernel
+too (and CI runs them once more with ONNX2TORCH_RNN_NATIVE=0, for the Python path)."""
 
 from __future__ import annotations
 
@@ -277,6 +277,26 @@ def test_inference_mode_weights():
         torch.testing.assert_close(module(X)[0], recurrent(module.cell, module.config, X,
                                                             **python_weights(module))[0])
         assert not torch.allclose(first, module(X)[0])
+
+
+def test_packed_weights_are_cached_per_version_and_forgotten_with_their_tensors(monkeypatch):
+    """op.PACKS packs a node's weights once per version and holds them weakly: an entry leaves with its tensors (a
+    later tensor may get a freed one's id, and must not get its packed weights)."""
+    packs = []
+    pack = op._PACK
+    monkeypatch.setattr(op, "_PACK", lambda *args: packs.append(args[1]) or pack(*args))
+    module, X = lstm(clip=5.0), torch.randn(6, 2, 3)
+    with torch.no_grad():
+        for _ in range(3):
+            module(X)
+        assert len(packs) == 1
+        module.R.mul_(0.5)
+        module(X)
+        assert len(packs) == 2
+    keys = [key for key in op.PACKS._entries if id(module.R) in key]
+    assert len(keys) == 1
+    del module
+    assert not any(key in op.PACKS._entries for key in keys)
 
 
 def python_weights(module) -> dict:

@@ -122,8 +122,9 @@ class Recurrent(Module):
                 sequence_lens: Tensor | None = None, initial_h: Tensor | None = None,
                 initial_c: Tensor | None = None, P: Tensor | None = None, mask: Tensor | None = None):
         weights = self.weights(W, R, B, P)
-        if torch.compiler.is_compiling() or native_inference(X, (*weights, initial_h, initial_c)):
-            outputs = self.run_op(X, weights, sequence_lens, initial_h, initial_c, mask)
+        compiling = torch.compiler.is_compiling()
+        if compiling or native_inference(X, (*weights, initial_h, initial_c)):
+            outputs = self.run_op(X, weights, sequence_lens, initial_h, initial_c, mask, eager_native=not compiling)
         else:
             named = ({"torch_weights": weights, "W": None, "R": None} if self.fast
                      else dict(zip("WRBP", weights, strict=True)))
@@ -145,13 +146,15 @@ class Recurrent(Module):
         return [given if own[name] is None else own[name] for name, given in (("W", W), ("R", R), ("B", B), ("P", P))]
 
     def run_op(self, X: Tensor, weights: list[Tensor | None], sequence_lens: Tensor | None = None,
-               initial_h: Tensor | None = None, initial_c: Tensor | None = None, mask: Tensor | None = None):
+               initial_h: Tensor | None = None, initial_c: Tensor | None = None, mask: Tensor | None = None,
+               eager_native: bool = False):
         """(Y, Y_h, Y_c) by the recurrent op (op.py): the native kernel on CPU, one graph node while compiling (its
-        differentiable variant when something needs a gradient); None for an output not asked for."""
+        differentiable variant when something needs a gradient); None for an output not asked for. ``eager_native``:
+        eager inference on the native kernel (``native_inference``)."""
         differentiable = needs_grad((X, *weights, initial_h, initial_c))
         lens = buffer_dict(self)["static_lens"] if sequence_lens is None else sequence_lens
         return op.run(X, [w for w in weights if w is not None], self.op_config, lens, initial_h, initial_c, mask,
-                      differentiable, self.config.outputs)
+                      differentiable, self.config.outputs, eager_native)
 
     def extra_repr(self) -> str:
         cfg = self.config

@@ -24,8 +24,10 @@ Schema::
   ``mask_output`` empty (no mask input), zero or hold (a masked step's Y: zeros, or the row's previous output in
   processing order, zero before its first unmasked step). Written by ``cells.encode``, read by ``cells.decode``.
 
-Implementations: the native kernel registers itself for CPU when it is built (kernel/); the Python one below
-(``runtime.recurrent``) serves every other device and CPU when the kernel is not available. The fake
+Implementations: on CPU, the native kernel (kernel/) once it is loaded, through two ops of its own:
+``recurrent_pack`` packs a node's weights for it (``PACKS`` caches them per weight version) and
+``recurrent_packed`` runs the node on them; the Python one below (``runtime.recurrent``) serves every other device
+and CPU when the kernel is not available. The fake
 implementation derives the output shapes from the input shapes (symbolic sizes welcome), so batch and sequence
 length stay dynamic under torch.compile / torch.export.
 
@@ -42,10 +44,14 @@ kernel only (CPU; no fake or Python implementation: everywhere else the stack ca
 """
 from __future__ import annotations
 
+import operator
+import weakref
+
 import torch
 from torch import Tensor
 
 from ..threads import caller_threads
+from . import kernel
 from .cells import decode
 from .runtime import onnx_weights, recurrent
 
@@ -93,23 +99,75 @@ def _python_impl(X, weights, config, sequence_lens, initial_h, initial_c, mask):
 
 
 _LIBRARY.impl("recurrent", _python_impl, "CompositeExplicitAutograd")
+
+# The native kernel's ops (kernel/recurrent.cpp; CPU only, no fake or Python implementation): a node's weights
+# packed for it into one tensor (float64's, else float32's; checked first: the weights' errors are the op's), and the
+# node run on them.
+_LIBRARY.define("recurrent_pack(Tensor[] weights, str config, bool float64) -> Tensor")
+_LIBRARY.define(f"recurrent_packed({_SIGNATURE.replace('weights, ', 'weights, Tensor packed, ')}) -> "
+                "(Tensor, Tensor, Tensor)")
+
+
+class PackCache:
+    """The kernel's packed weights of the nodes run lately, by their weight tensors' identity and version counters:
+    packed once per weight version (an in-place update bumps the version; a new tensor is a new identity). The
+    tensors are held weakly, and an entry leaves when one of its tensors dies (a freed tensor's id may be reused).
+    Inference tensors have no version counter: packed at every call. One per process (``PACKS``), as the kernel."""
+
+    CAPACITY = 64  # nodes
+
+    def __init__(self):
+        self._entries = {}  # (config, float64, ids) -> (versions, packed, weak references), oldest first
+
+    def get(self, weights: list[Tensor], config: str, dtype: torch.dtype) -> Tensor:
+        float64 = dtype == torch.float64
+        key = (config, float64, *map(id, weights))
+        entry = self._entries.get(key)
+        if entry is not None and tuple(map(_VERSION, weights)) == entry[0]:
+            return entry[1]
+        packed = _PACK(weights, config, float64)
+        if not any(w.is_inference() for w in weights):
+            def forget(_, entries=self._entries):  # dict operations are atomic: no lock (this may run in any thread)
+                entries.pop(key, None)
+
+            self._entries[key] = (tuple(map(_VERSION, weights)), packed, [weakref.ref(w, forget) for w in weights])
+            for old in list(self._entries)[:-self.CAPACITY]:
+                self._entries.pop(old, None)
+        return packed
+
+
+def native(X, weights, config, sequence_lens, initial_h, initial_c, mask):
+    """The op on the native kernel (loaded, X on CPU)."""
+    return _PACKED(X, weights, PACKS.get(weights, config, X.dtype), config, sequence_lens, initial_h, initial_c, mask)
+
+
+def _cpu_impl(*args):
+    return native(*args) if kernel.loaded() else _python_impl(*args)
+
+
+_LIBRARY.impl("recurrent", _cpu_impl, "CPU")
 _LIBRARY.impl("recurrent_differentiable", lambda *args: torch.ops.onnx2torch_rnn.recurrent.default(*args),
               "CompositeExplicitAutograd")
 
 
 # StackedRecurrent's eager inference on the native kernel (module.py): the whole stack of layout-0 layers without
 # masks in one call. ``configs`` joins the layers' configs with "|", ``counts`` says how many of ``weights`` each
-# layer takes; the flags are StackedRecurrent's. Returns y, h_n, c_n (empty where the layers do not compute them).
-_LIBRARY.define("recurrent_stack(Tensor X, Tensor[] weights, int[] counts, str configs, Tensor? sequence_lens, "
-                "Tensor?[] initial_h, Tensor?[] initial_c, bool batch_first, bool batch_first_output, "
-                "bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
+# layer takes, ``packed`` holds each layer's recurrent_pack; the flags are StackedRecurrent's. Returns y, h_n, c_n
+# (empty where the layers do not compute them).
+_LIBRARY.define("recurrent_stack(Tensor X, Tensor[] weights, Tensor[] packed, int[] counts, str configs, "
+                "Tensor? sequence_lens, Tensor?[] initial_h, Tensor?[] initial_c, bool batch_first, "
+                "bool batch_first_output, bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
 
 
 def run_stack(X, weights: list[Tensor], counts: list[int], configs: str, sequence_lens, initial_h: list,
               initial_c: list, *flags: bool):
     """The stack op: ``weights`` every layer's in turn, ``counts`` how many each layer takes, ``configs`` the
     layers' configs joined with "|"."""
-    return caller_threads(_STACK, X, weights, counts, configs, sequence_lens, initial_h, initial_c, *flags)
+    packed, offset = [], 0
+    for config, count in zip(configs.split("|"), counts, strict=False):  # a mismatch is the op's error
+        packed.append(PACKS.get(weights[offset:offset + count], config, X.dtype))
+        offset += count
+    return caller_threads(_STACK, X, weights, packed, counts, configs, sequence_lens, initial_h, initial_c, *flags)
 
 
 def output_shapes(config: str, X, weights) -> list[tuple]:
@@ -138,14 +196,19 @@ torch.library.register_fake(DIFFERENTIABLE_OP_NAME, _fake)
 _RECURRENT = torch.ops.onnx2torch_rnn.recurrent.default
 _DIFFERENTIABLE = torch.ops.onnx2torch_rnn.recurrent_differentiable.default
 _STACK = torch.ops.onnx2torch_rnn.recurrent_stack.default
+_PACK = torch.ops.onnx2torch_rnn.recurrent_pack.default
+_PACKED = torch.ops.onnx2torch_rnn.recurrent_packed.default
+_VERSION = operator.attrgetter("_version")
+PACKS = PackCache()
 
 
 def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, mask=None, differentiable=False,
-        outputs=None):
+        outputs=None, eager_native=False):
     """The op (or its differentiable variant), with the outputs the config does not ask for as None (``outputs``:
-    the config's, when the caller has them at hand)."""
-    y, y_h, y_c = caller_threads(_DIFFERENTIABLE if differentiable else _RECURRENT, X, weights, config,
-                                 sequence_lens, initial_h, initial_c, mask)
+    the config's, when the caller has them at hand). ``eager_native``: the caller knows this is eager inference on
+    the native kernel, which then runs without the op's own dispatch (a few microseconds a call)."""
+    y, y_h, y_c = caller_threads(native if eager_native else _DIFFERENTIABLE if differentiable else _RECURRENT, X,
+                                 weights, config, sequence_lens, initial_h, initial_c, mask)
     wanted = decode(config)[1].outputs if outputs is None else outputs
     return y if wanted[0] else None, y_h if wanted[1] else None, y_c if wanted[2] else None
 

@@ -5,11 +5,12 @@
 // How it is fast:
 // - The input projection X·Wᵀ + biases of every step is one product per direction before the recurrence, on W
 //   packed like the recurrent weights below, over all T·N rows.
-// - The recurrent weights are packed once per weight version (a cache keyed on the weight tensors' identity and
-//   version counters): for each block of `lanes` hidden units (one vector register: 16 floats with AVX-512, 8 with
-//   AVX2), the rows of all the cell's gates for those units, interleaved over k. One pass over a block then yields
-//   every gate of those units, and the gate equations run on the accumulators at once: the state's GEMM and the gate
-//   loop are one fused loop, with no gate buffer in between and no allocation per step.
+// - The recurrent weights are packed once per weight version (the op recurrent_pack, whose result the Python side
+//   caches, keyed on the weight tensors' identity and version counters): for each block of `lanes` hidden units (one
+//   vector register: 16 floats with AVX-512, 8 with AVX2), the rows of all the cell's gates for those units,
+//   interleaved over k. One pass over a block then yields every gate of those units, and the gate equations run on
+//   the accumulators at once: the state's GEMM and the gate loop are one fused loop, with no gate buffer in between
+//   and no allocation per step.
 // - Rows (batch) go in tiles of up to 4, with enough independent accumulators to hide the FMA latency.
 // - Threads: a bidirectional node runs its two directions in parallel while a direction's weights stay in cache;
 //   otherwise threads share each direction's hidden blocks, in the projection and in every step, when the work
@@ -28,7 +29,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include <c10/util/intrusive_ptr.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -37,7 +37,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -66,6 +65,9 @@ std::array<int, 4> source_blocks(const Config& c) {
   if (c.cell == CellType::GRU) return {1, 0, 2, 0};
   return {0, 0, 0, 0};
 }
+
+// Whether the node's weights include P (only ONNX weights can).
+bool has_peepholes(const Config& c) { return !c.torch_weights && c.letters.find('P') != std::string::npos; }
 
 std::vector<Weights> split_weights(const Config& c, at::TensorList weights) {
   std::vector<Weights> result(c.directions);
@@ -102,123 +104,110 @@ std::vector<Weights> split_weights(const Config& c, at::TensorList weights) {
   return result;
 }
 
-struct Packed {  // one direction, every gate block in ONNX gate order, hidden units padded to whole blocks
-  at::Tensor input;      // Wᵀ: [blocks, I, gates, lanes]
-  at::Tensor bias;       // the biases folded into the input projection, [blocks, gates, lanes] (zeros if none)
-  at::Tensor recurrent;  // Rᵀ: [blocks, H, gates, lanes] (GRU without linear_before_reset: z and r only)
-  at::Tensor candidate;  // GRU without linear_before_reset: the h gate's Rᵀ, [blocks, H, 1, lanes]
-  at::Tensor inner;      // GRU with linear_before_reset: Rb of the h gate, which r multiplies, [blocks, lanes]
-  at::Tensor peepholes;  // LSTM: [3, Hpad] (i, o, f)
+// Where each part of a direction's packed weights lies in the node's packed buffer (recurrent_pack's tensor:
+// direction after direction), in elements: every gate block in ONNX gate order, hidden units padded to whole blocks
+// of `lanes`, each part a whole number of blocks.
+struct PackedLayout {
+  int64_t input;      // Wᵀ: [blocks, I, gates, lanes]
+  int64_t bias;       // the biases folded into the input projection, [blocks, gates, lanes] (zeros if none)
+  int64_t recurrent;  // Rᵀ: [blocks, H, gates, lanes] (GRU without linear_before_reset: z and r only)
+  int64_t candidate;  // GRU without linear_before_reset: the h gate's Rᵀ, [blocks, H, 1, lanes]
+  int64_t inner;      // GRU with linear_before_reset: Rb of the h gate, which r multiplies, [blocks, lanes]
+  int64_t peepholes;  // LSTM with P: [3, Hpad] (i, o, f)
+  int64_t size;       // one direction's
+
+  PackedLayout(const Config& c, int64_t hidden, int64_t input_size, bool has_peepholes, int64_t lanes) {
+    const int64_t hpad = (hidden + lanes - 1) / lanes * lanes;
+    const bool split = c.cell == CellType::GRU && !c.linear_before_reset, lbr = c.cell == CellType::GRU && !split;
+    input = 0;
+    bias = input + hpad * input_size * c.gates;
+    recurrent = bias + hpad * c.gates;
+    candidate = recurrent + hpad * hidden * (split ? 2 : c.gates);
+    inner = candidate + (split ? hpad * hidden : 0);
+    peepholes = inner + (lbr ? hpad : 0);
+    size = peepholes + (has_peepholes ? 3 * hpad : 0);
+  }
+};
+
+template <typename T>
+struct Packed {  // one direction's parts (PackedLayout); nullptr where absent
+  const T *input, *bias, *recurrent, *candidate, *inner, *peepholes;
 };
 
 // Rows [g·H, (g+1)·H) of M [gates·H, K] for each block g of `rows`, as [blocks, K, len(rows), lanes] zero-padded
 // to whole blocks: the panel a tile multiplies.
-at::Tensor pack_rows(const at::Tensor& M, const std::vector<int>& rows, int64_t hidden, int64_t lanes) {
-  const int64_t padded = (hidden + lanes - 1) / lanes * lanes;
-  std::vector<at::Tensor> gates;
-  for (int block : rows) {
-    at::Tensor g = at::constant_pad_nd(M.narrow(0, block * hidden, hidden), {0, 0, 0, padded - hidden});
-    gates.push_back(g.view({padded / lanes, lanes, M.size(1)}).permute({0, 2, 1}));  // [blocks, K, lanes]
-  }
-  return at::stack(gates, 2).contiguous();
-}
-
-// Blocks `rows` of v [gates·H] as [blocks, len(rows), lanes], zero-padded.
-at::Tensor pack_vector(const at::Tensor& v, const std::vector<int>& rows, int64_t hidden, int64_t lanes) {
-  return pack_rows(v.view({-1, 1}), rows, hidden, lanes).view({-1, static_cast<int64_t>(rows.size()), lanes});
-}
-
-Packed pack(const Config& c, const Weights& w, at::ScalarType dtype, int64_t lanes) {
-  const int64_t hidden = w.R.size(1), hpad = (hidden + lanes - 1) / lanes * lanes;
-  const std::array<int, 4> src = source_blocks(c);
-  const std::vector<int> all(src.begin(), src.begin() + c.gates);
-  const bool split_candidate = c.cell == CellType::GRU && !c.linear_before_reset;
-  const at::Tensor R = w.R.to(dtype);
-  Packed p;
-  p.input = pack_rows(w.W.to(dtype), all, hidden, lanes);
-  p.recurrent = pack_rows(R, split_candidate ? std::vector<int>{src[0], src[1]} : all, hidden, lanes);
-  if (split_candidate) p.candidate = pack_rows(R, {src[2]}, hidden, lanes);
-  at::Tensor bias = at::zeros({c.gates * hidden}, R.options());
-  if (w.Wb.defined()) {
-    at::Tensor rb = w.Rb.to(dtype).clone();
-    if (c.cell == CellType::GRU && c.linear_before_reset) {  // r multiplies the h gate's Rb: it stays in the step
-      at::Tensor inside = rb.narrow(0, src[2] * hidden, hidden);
-      p.inner = pack_vector(inside.clone(), {0}, hidden, lanes).view({-1, lanes});
-      inside.zero_();
-    }
-    bias = w.Wb.to(dtype) + rb;
-  }
-  p.bias = pack_vector(bias, all, hidden, lanes);
-  if (!p.inner.defined() && c.cell == CellType::GRU && c.linear_before_reset)
-    p.inner = at::zeros({hpad / lanes, lanes}, R.options());
-  if (w.P.defined()) p.peepholes = at::constant_pad_nd(w.P.to(dtype).view({3, hidden}), {0, hpad - hidden});
-  return p;
-}
-
-// Packed weights per node and weight version. A weight modified in place bumps its version counter; a new tensor
-// has a new identity (held weakly: a freed tensor's address may be reused). Inference tensors have no version
-// counter: their weights are packed at every call.
-class PackCache {
- public:
-  using Entry = std::shared_ptr<const std::vector<Packed>>;  // per direction
-
-  Entry get(const Config& c, at::TensorList weights, at::ScalarType dtype, int64_t lanes) {
-    Key key{&c, dtype, {}, {}, {}};
-    bool cacheable = true;
-    for (const at::Tensor& w : weights) {
-      if (w.is_inference()) {
-        cacheable = false;
-        break;
-      }
-      key.tensors.emplace_back(w.getIntrusivePtr());
-      key.versions.push_back(w._version());
-      key.data.push_back(w.data_ptr());
-    }
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        if (it->first.matches(key, weights)) {
-          entries_.splice(entries_.begin(), entries_, it);  // most recently used first
-          return it->second;
+template <typename T>
+void pack_rows(const T* M, int64_t K, const std::vector<int>& rows, int64_t hidden, int64_t lanes, T* out) {
+  const int64_t blocks = (hidden + lanes - 1) / lanes, G = static_cast<int64_t>(rows.size());
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t l = 0; l < lanes; ++l) {
+          const int64_t unit = b * lanes + l;
+          *out++ = unit < hidden ? M[(rows[g] * hidden + unit) * K + k] : T(0);
         }
       }
     }
-    auto packed = std::make_shared<std::vector<Packed>>();
-    for (const Weights& w : split_weights(c, weights)) packed->push_back(pack(c, w, dtype, lanes));
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      entries_.emplace_front(std::move(key), packed);
-      if (entries_.size() > kCapacity) entries_.pop_back();
-    }
-    return packed;
   }
+}
 
- private:
-  struct Key {
-    const Config* config;
-    at::ScalarType dtype;
-    std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> tensors;
-    std::vector<int64_t> versions;
-    std::vector<const void*> data;
+// t in the compute dtype and contiguous, without a dispatch when it already is.
+at::Tensor as_compute(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() ? t : t.to(dtype).contiguous();
+}
 
-    bool matches(const Key& other, at::TensorList weights) const {
-      if (config != other.config || dtype != other.dtype || tensors.size() != weights.size()) return false;
-      for (size_t k = 0; k < weights.size(); ++k) {
-        if (versions[k] != other.versions[k] || data[k] != other.data[k] ||
-            tensors[k].lock().get() != weights[k].unsafeGetTensorImpl())
-          return false;
-      }
-      return true;
+// One direction's weights packed into `out` (PackedLayout's parts).
+template <typename T>
+void pack(const Config& c, const Weights& w, const PackedLayout& at, int64_t lanes, T* out) {
+  const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
+  const int64_t hidden = w.R.size(1), input = w.W.size(1), hpad = (hidden + lanes - 1) / lanes * lanes;
+  const std::array<int, 4> src = source_blocks(c);
+  const std::vector<int> all(src.begin(), src.begin() + c.gates);
+  const bool split_candidate = c.cell == CellType::GRU && !c.linear_before_reset;
+  const bool lbr = c.cell == CellType::GRU && c.linear_before_reset;
+  const at::Tensor W = as_compute(w.W, dtype), R = as_compute(w.R, dtype);
+  pack_rows(W.data_ptr<T>(), input, all, hidden, lanes, out + at.input);
+  pack_rows(R.data_ptr<T>(), hidden, split_candidate ? std::vector<int>{src[0], src[1]} : all, hidden, lanes,
+            out + at.recurrent);
+  if (split_candidate) pack_rows(R.data_ptr<T>(), hidden, {src[2]}, hidden, lanes, out + at.candidate);
+  std::vector<T> bias(c.gates * hidden, T(0)), inner(hidden, T(0));
+  if (w.Wb.defined()) {
+    const at::Tensor Wb = as_compute(w.Wb, dtype), Rb = as_compute(w.Rb, dtype);
+    std::vector<T> rb(Rb.data_ptr<T>(), Rb.data_ptr<T>() + c.gates * hidden);
+    if (lbr) {  // r multiplies the h gate's Rb: it stays in the step
+      std::copy_n(rb.begin() + src[2] * hidden, hidden, inner.begin());
+      std::fill_n(rb.begin() + src[2] * hidden, hidden, T(0));
     }
-  };
-  static constexpr size_t kCapacity = 64;
-  std::mutex mutex_;
-  std::list<std::pair<Key, Entry>> entries_;
-};
+    for (int64_t k = 0; k < c.gates * hidden; ++k) bias[k] = Wb.data_ptr<T>()[k] + rb[k];
+  }
+  pack_rows(bias.data(), 1, all, hidden, lanes, out + at.bias);
+  if (lbr) pack_rows(inner.data(), 1, {0}, hidden, lanes, out + at.inner);
+  if (w.P.defined()) {
+    const at::Tensor P = as_compute(w.P, dtype);
+    for (int j = 0; j < 3; ++j)
+      pack_rows(P.data_ptr<T>() + j * hidden, 1, {0}, hidden, lanes, out + at.peepholes + j * hpad);
+  }
+}
 
-PackCache& pack_cache() {
-  static PackCache cache;
-  return cache;
+// The packed weights cross the op boundary as one tensor per node (recurrent_pack's): the Python side caches it
+// (op.py, PackCache), keyed on the weight tensors' identity and version counters, which PyTorch's stable ABI does
+// not show to C++.
+template <typename T>
+std::vector<Packed<T>> unpacked(const Config& c, const at::Tensor& buffer, int64_t hidden, int64_t input,
+                                bool has_peepholes) {
+  const PackedLayout at(c, hidden, input, has_peepholes, Vec<T>::lanes);
+  TORCH_CHECK(buffer.scalar_type() == c10::CppTypeToScalarType<T>::value && buffer.is_contiguous() &&
+                  buffer.numel() == at.size * c.directions,
+              "recurrent op: packed weights of another node");
+  std::vector<Packed<T>> packed(c.directions);
+  for (int d = 0; d < c.directions; ++d) {
+    const T* base = buffer.data_ptr<T>() + d * at.size;
+    const bool split = c.cell == CellType::GRU && !c.linear_before_reset;
+    packed[d] = {base + at.input, base + at.bias, base + at.recurrent, split ? base + at.candidate : nullptr,
+                 c.cell == CellType::GRU && !split ? base + at.inner : nullptr,
+                 has_peepholes ? base + at.peepholes : nullptr};
+  }
+  return packed;
 }
 
 // ---- one direction's recurrence ---------------------------------------------------------------------------------
@@ -274,7 +263,7 @@ struct Direction {
   const Config* c;
   int d;
   int64_t steps, batch, hidden, hpad, blocks;
-  const Packed* packed;
+  const Packed<T>* packed;
   // the input projection: time t of batch row n is xproj + (t * row_t + n * row_n) * x_stride, blocked like the
   // packed weights: [blocks, gates, lanes]
   T* xproj;
@@ -303,8 +292,8 @@ struct Direction {
 
   template <int G>
   void project_blocks(const T* x, int64_t rows_total, int64_t input, int64_t b0, int64_t b1) const {
-    const T* panels = packed->input.data_ptr<T>();
-    const T* bias = packed->bias.data_ptr<T>();
+    const T* panels = packed->input;
+    const T* bias = packed->bias;
     for (int64_t b = b0; b < b1; ++b) {
       const T* panel = panels + b * input * G * L;
       int64_t r = 0;
@@ -367,8 +356,8 @@ struct Direction {
   template <int MR>
   void lstm_tile(int64_t n0, int64_t b) {
     V<T> acc[MR][4];
-    product<T, MR, 4>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * 4 * L, hidden, acc);
-    const T* peep = packed->peepholes.defined() ? packed->peepholes.data_ptr<T>() + b * L : nullptr;
+    product<T, MR, 4>(h_prev + n0 * hpad, hpad, packed->recurrent + b * hidden * 4 * L, hidden, acc);
+    const T* peep = packed->peepholes ? packed->peepholes + b * L : nullptr;
     for (int m = 0; m < MR; ++m) {
       const int64_t n = n0 + m;
       if (rows[n] != Row::Active) {
@@ -395,8 +384,8 @@ struct Direction {
   template <int MR>
   void gru_tile(int64_t n0, int64_t b) {  // linear_before_reset: h~ = g(xh + r * (H·Rhᵀ + Rbh))
     V<T> acc[MR][3];
-    product<T, MR, 3>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * 3 * L, hidden, acc);
-    const V<T> inner = load(packed->inner.data_ptr<T>() + b * L);
+    product<T, MR, 3>(h_prev + n0 * hpad, hpad, packed->recurrent + b * hidden * 3 * L, hidden, acc);
+    const V<T> inner = load(packed->inner + b * L);
     for (int m = 0; m < MR; ++m) {
       const int64_t n = n0 + m;
       if (rows[n] != Row::Active) {
@@ -414,7 +403,7 @@ struct Direction {
   template <int MR>
   void gru_gates_tile(int64_t n0, int64_t b) {  // without linear_before_reset, first z and r * H for all units
     V<T> acc[MR][2];
-    product<T, MR, 2>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * 2 * L, hidden, acc);
+    product<T, MR, 2>(h_prev + n0 * hpad, hpad, packed->recurrent + b * hidden * 2 * L, hidden, acc);
     for (int m = 0; m < MR; ++m) {
       const int64_t n = n0 + m, at = n * hpad + b * L;
       if (rows[n] != Row::Active) continue;
@@ -427,7 +416,7 @@ struct Direction {
   template <int MR>
   void gru_candidate_tile(int64_t n0, int64_t b) {  // then h~ = g(xh + (r * H)·Rhᵀ + Rbh)
     V<T> acc[MR][1];
-    product<T, MR, 1>(rh + n0 * hpad, hpad, packed->candidate.data_ptr<T>() + b * hidden * L, hidden, acc);
+    product<T, MR, 1>(rh + n0 * hpad, hpad, packed->candidate + b * hidden * L, hidden, acc);
     for (int m = 0; m < MR; ++m) {
       const int64_t n = n0 + m, at = n * hpad + b * L;
       if (rows[n] != Row::Active) {
@@ -443,7 +432,7 @@ struct Direction {
   template <int MR>
   void rnn_tile(int64_t n0, int64_t b) {
     V<T> acc[MR][1];
-    product<T, MR, 1>(h_prev + n0 * hpad, hpad, packed->recurrent.data_ptr<T>() + b * hidden * L, hidden, acc);
+    product<T, MR, 1>(h_prev + n0 * hpad, hpad, packed->recurrent + b * hidden * L, hidden, acc);
     for (int m = 0; m < MR; ++m) {
       const int64_t n = n0 + m;
       if (rows[n] != Row::Active) {
@@ -548,9 +537,8 @@ void check_shape(const std::string& name, const at::Tensor& t, const std::vector
                     shape_text(got));
 }
 
-// The hidden size, after checking every weight's shape and then X's against W's input size (as validation.py:
-// a wrong X is blamed on X).
-int64_t checked_hidden(const Config& c, at::TensorList weights, const at::Tensor& X) {
+// The hidden and input sizes, after checking every weight's shape.
+std::pair<int64_t, int64_t> checked_weights(const Config& c, at::TensorList weights) {
   const int64_t D = c.directions;
   int64_t hidden, input;
   if (c.torch_weights) {
@@ -575,14 +563,16 @@ int64_t checked_hidden(const Config& c, at::TensorList weights, const at::Tensor
       if (c.letters[k] == 'P') check_shape("P", weights[k], {D, 3 * hidden});
     }
   }
+  return {hidden, input};
+}
+
+// The hidden size, after checking every weight's shape and then X's against W's input size (as validation.py:
+// a wrong X is blamed on X).
+int64_t checked_hidden(const Config& c, at::TensorList weights, const at::Tensor& X) {
+  const auto [hidden, input] = checked_weights(c, weights);
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
   check_shape("X", X, c.layout ? std::vector<int64_t>{batch, steps, input} : std::vector<int64_t>{steps, batch, input});
   return hidden;
-}
-
-// t in the compute dtype and contiguous, without a dispatch when it already is.
-at::Tensor as_compute(const at::Tensor& t, at::ScalarType dtype) {
-  return t.scalar_type() == dtype && t.is_contiguous() ? t : t.to(dtype).contiguous();
 }
 
 at::Tensor checked_lengths(const std::optional<at::Tensor>& sequence_lens, int64_t steps, int64_t batch) {
@@ -861,7 +851,7 @@ int64_t l2_bytes() {
 }
 
 template <typename T>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Tensor& X, at::TensorList weights,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Tensor& X, const at::Tensor& packs,
                                                    int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
                                                    const at::Tensor& c0, const at::Tensor& mask, int threads) {
   constexpr int L = Vec<T>::lanes;
@@ -873,7 +863,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
   const auto options = X.options().dtype(dtype);
   const std::vector<int64_t> state_shape =
       c.layout ? std::vector<int64_t>{batch, D, hidden} : std::vector<int64_t>{D, batch, hidden};
-  const PackCache::Entry packed = pack_cache().get(c, weights, dtype, L);
+  const std::vector<Packed<T>> packed = unpacked<T>(c, packs, hidden, input, has_peepholes(c));
 
   // One workspace: the input projection [D, T·N, blocks·gates·lanes], then h (twice), C, z, r·H and the held
   // outputs, [D, N, hpad] each.
@@ -903,7 +893,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
     r.hidden = hidden;
     r.hpad = hpad;
     r.blocks = blocks;
-    r.packed = &(*packed)[d];
+    r.packed = &packed[d];
     r.xproj = base + d * rows * x_stride;
     r.x_stride = x_stride;
     r.row_t = c.layout ? 1 : batch;
@@ -1008,15 +998,38 @@ at::Tensor partial_lengths(const std::optional<at::Tensor>& sequence_lens, int64
   return std::all_of(p, p + batch, [steps](int64_t v) { return v == steps; }) ? at::Tensor() : lens;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> run_node(const Config& c, const at::Tensor& X, at::TensorList weights,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_node(const Config& c, const at::Tensor& X, const at::Tensor& packs,
                                                         int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
                                                         const at::Tensor& c0, const at::Tensor& mask, int threads) {
-  if (X.scalar_type() == at::kDouble) return run<double>(c, X, weights, hidden, lens, h0, c0, mask, threads);
-  return run<float>(c, X, weights, hidden, lens, h0, c0, mask, threads);
+  if (X.scalar_type() == at::kDouble) return run<double>(c, X, packs, hidden, lens, h0, c0, mask, threads);
+  return run<float>(c, X, packs, hidden, lens, h0, c0, mask, threads);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
-    const at::Tensor& X, at::TensorList weights, c10::string_view config,
+// The op recurrent_pack: a node's weights packed for the compute dtype (float64, else float32), after checking their
+// shapes: one tensor, PackedLayout's parts direction after direction.
+template <typename T>
+at::Tensor pack_node(const Config& c, at::TensorList weights) {
+  const auto [hidden, input] = checked_weights(c, weights);
+  const PackedLayout layout(c, hidden, input, has_peepholes(c), Vec<T>::lanes);
+  at::Tensor packed = at::empty({layout.size * c.directions},
+                                weights[0].options().dtype(c10::CppTypeToScalarType<T>::value));
+  T* out = packed.data_ptr<T>();
+  for (const Weights& w : split_weights(c, weights)) {
+    pack(c, w, layout, Vec<T>::lanes, out);
+    out += layout.size;
+  }
+  return packed;
+}
+
+at::Tensor recurrent_pack_cpu(at::TensorList weights, c10::string_view config, bool float64) {
+  const OneThread one;
+  const Config& c = config_of(std::string_view(config.data(), config.size()));
+  return float64 ? pack_node<double>(c, weights) : pack_node<float>(c, weights);
+}
+
+// The op recurrent_packed: recurrent's CPU implementation, given its weights packed by recurrent_pack.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_packed_cpu(
+    const at::Tensor& X, at::TensorList weights, const at::Tensor& packs, c10::string_view config,
     const std::optional<at::Tensor>& sequence_lens, const std::optional<at::Tensor>& initial_h,
     const std::optional<at::Tensor>& initial_c, const std::optional<at::Tensor>& mask) {
   const OneThread one;
@@ -1036,7 +1049,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_cpu(
     TORCH_CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
     mask_t = mask->contiguous();
   }
-  return run_node(c, X, weights, hidden, lens, h0, c0, mask_t, one.threads());
+  return run_node(c, X, packs, hidden, lens, h0, c0, mask_t, one.threads());
 }
 
 // The layers' final states as one [L·D, N, H] tensor (the first layer's empty one where they are not computed).
@@ -1050,15 +1063,17 @@ at::Tensor joined(const std::vector<at::Tensor>& per_layer, bool computed) {
 // `weights` each layer takes; initial_h / initial_c hold each layer's states (or None). Returns y, h_n, c_n (empty
 // where the layers do not compute them).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
-    const at::Tensor& X, at::TensorList weights, at::IntArrayRef counts, c10::string_view configs,
+    const at::Tensor& X, at::TensorList weights, at::TensorList packs, at::IntArrayRef counts,
+    c10::string_view configs,
     const std::optional<at::Tensor>& sequence_lens, const c10::List<std::optional<at::Tensor>>& initial_h,
     const c10::List<std::optional<at::Tensor>>& initial_c, bool batch_first, bool batch_first_output,
     bool merge_output, bool last_states) {
   const OneThread one;
   const std::vector<const Config*>& layers = stack_of(std::string_view(configs.data(), configs.size()));
   const size_t count = layers.size();
-  TORCH_CHECK_VALUE(count == counts.size() && count == initial_h.size() && count == initial_c.size(),
-                    "recurrent_stack: one config, weight count and initial state per layer");
+  TORCH_CHECK_VALUE(count == counts.size() && count == packs.size() && count == initial_h.size() &&
+                        count == initial_c.size(),
+                    "recurrent_stack: one config, weight count, packed weights and initial state per layer");
   at::Tensor x = batch_first && X.dim() == 3 ? X.transpose(0, 1) : X, y, lens;
   std::vector<at::Tensor> h_n(count), c_n(count);
   size_t offset = 0;
@@ -1071,7 +1086,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
     const at::Tensor h0 = initial_h.get(l).value_or(at::Tensor()), c0 = initial_c.get(l).value_or(at::Tensor());
     const int64_t hidden = checked_inputs(c, x, own, h0, c0);
     if (l == 0) lens = partial_lengths(sequence_lens, x.size(0), x.size(1));  // after X's checks, as per layer
-    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, own, hidden, lens, h0, c0, at::Tensor(), one.threads());
+    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, packs[l], hidden, lens, h0, c0, at::Tensor(), one.threads());
     TORCH_CHECK_VALUE(c.outputs[0] || l + 1 == count, "recurrent_stack: a layer below the last must compute Y");
     if (c.outputs[0] && (l + 1 < count || merge_output)) y = y.transpose(1, 2).flatten(2);  // [T, N, D·H]
     x = y;
@@ -1088,7 +1103,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
-  m.impl("recurrent", &recurrent_cpu);
+  m.impl("recurrent_pack", &recurrent_pack_cpu);
+  m.impl("recurrent_packed", &recurrent_packed_cpu);
   m.impl("recurrent_stack", &recurrent_stack_cpu);
 }
 
