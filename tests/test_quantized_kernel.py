@@ -194,3 +194,32 @@ def test_conv_integer_matches_python(seed, monkeypatch):
         got = conv(x, w, x_zp, w_zp)
         assert got.dtype == torch.int32 and got.shape == want.shape and torch.equal(got, want)
     assert len(calls) == 40
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.uint16, torch.int16])
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_quantize_and_dequantize_linear_match_python(dtype, zero_point, monkeypatch):
+    """QuantizeLinear / DequantizeLinear per tensor (kernel/quantize_linear.cpp) against the Python reference, bit for
+    bit: ties at every half, NaN, infinities, values past the range, a strided x; the modules call them (spy)."""
+    generator = torch.Generator().manual_seed(3)
+    low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
+    scale = torch.tensor(0.37 if dtype.itemsize == 1 else 0.0037)
+    zp = integers(generator, dtype, (), low // 2, high // 2) if zero_point else None
+    special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e30, -1e30])
+    ties = (torch.arange(-300, 300) + 0.5) * scale  # x / scale lands on (or one rounding from) each half
+    x = torch.cat([special, ties, torch.randn(999, generator=generator) * scale * (high - low)])
+    x = x.reshape(-1, 2)[:, 0]  # strided
+    calls = []
+    def spy(name):
+        return lambda self, *args: calls.append(name) or getattr(NATIVE, name)(*args)
+
+    spy = {name: spy(name) for name in ("quantize_linear", "dequantize_linear")}
+    monkeypatch.setattr(q, "_NATIVE", type("Spy", (), spy)())
+    got = q.QuantizeLinear(output_dtype=dtype)(x, scale, zp)
+    want = q.quantize(x, scale, zp, dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+    values = torch.cat([integers(generator, dtype, (500,)), torch.tensor([low, high], dtype=dtype)])
+    for value in (values, values.to(torch.int32) * 40000):  # int32: the difference wraps as torch's does
+        got = q.DequantizeLinear()(value, scale, zp)
+        assert got.dtype == torch.float32 and torch.equal(got, q.dequantize(value, scale, zp))
+    assert calls == ["quantize_linear", "dequantize_linear", "dequantize_linear"]

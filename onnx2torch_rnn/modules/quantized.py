@@ -113,6 +113,18 @@ def per_axis(parameter: Tensor | None, x: Tensor, axis: int, block_size: int = 0
 
 # ----------------------------------------------------------------------------------------------- standard ops
 
+# the types of the native kernel's quantize_linear output and dequantize_linear input (kernel/quantize_linear.cpp)
+_NATIVE_QUANTIZED = (torch.uint8, torch.int8, torch.uint16, torch.int16)
+_NATIVE_DEQUANTIZED = (*_NATIVE_QUANTIZED, torch.int32)
+
+
+def per_tensor(x: Tensor, scale: Tensor, zero_point: Tensor | None) -> bool:
+    """Whether an eager call runs the native kernel's quantize_linear / dequantize_linear: one float32 scale, at most
+    one zero point (blocks and axes then change nothing), CPU inference (``native``)."""
+    return (scale.numel() == 1 and scale.dtype == torch.float32 and (zero_point is None or zero_point.numel() == 1)
+            and native(x, scale))
+
+
 class QuantizeLinear(Module):
     """ONNX QuantizeLinear: per tensor, per axis or blocked; integer outputs (float8 is refused by the converter)."""
 
@@ -121,6 +133,8 @@ class QuantizeLinear(Module):
         self.axis, self.block_size, self.output_dtype = axis, block_size, output_dtype
 
     def forward(self, x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None) -> Tensor:
+        if self.output_dtype in _NATIVE_QUANTIZED and x.dtype == torch.float32 and per_tensor(x, y_scale, y_zero_point):
+            return _NATIVE.quantize_linear(x, y_scale, y_zero_point, self.output_dtype)
         args = (x, self.axis, self.block_size)
         return quantize(x, per_axis(y_scale, *args), per_axis(y_zero_point, *args), self.output_dtype)
 
@@ -136,6 +150,9 @@ class DequantizeLinear(Module):
         self.axis, self.block_size, self.output_dtype = axis, block_size, output_dtype
 
     def forward(self, x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None) -> Tensor:
+        if self.output_dtype in (None, torch.float32) and x.dtype in _NATIVE_DEQUANTIZED and per_tensor(
+                x, x_scale, x_zero_point):
+            return _NATIVE.dequantize_linear(x, x_scale, x_zero_point)
         args = (x, self.axis, self.block_size)
         value = dequantize(x, per_axis(x_scale, *args), per_axis(x_zero_point, *args))
         return value.to(self.output_dtype or x_scale.dtype)
