@@ -26,7 +26,7 @@ import onnx
 import torch
 from torch import fx, nn
 
-from . import threads
+from . import executor, threads
 from .errors import (
     ConversionError,
     GraphConversionError,
@@ -519,6 +519,7 @@ class _GraphBuilder:
                 self.graph.erase_node(captures[name])
         # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
         module = fx.GraphModule(self.root, self.graph, class_name=sanitize(self.plan.graph.name or "OnnxModel"))
+        executor.install(module)  # inference calls skip nn.Module.__call__ per node
         return Subgraph(module, captured)
 
     def check_declared_dims(self) -> None:

@@ -1,0 +1,100 @@
+"""Inference calls of a converted graph without nn.Module.__call__ per node.
+
+fx's generated forward calls each node's module as ``self.<child>(...)``: Module.__getattr__, Module.__call__ and
+its hook checks, then the child's forward. That is most of a small node's cost (a VAD's 40-55 nodes, GTCRN's 365:
+the call through fx and __call__ took 15-30% of a whole call). ``install`` wraps a converted GraphModule's forward:
+an inference call (no grad; not compiling, exporting or tracing) where no child of the graph has hooks and no global
+hooks are set runs the same generated code with ``self`` standing for a namespace whose attribute for each child is
+that child's bound forward (every other name is read from the GraphModule). Any other call runs fx's forward as it
+is. The namespace is made on first use and again when a child is replaced; fx's recompile (after a graph edit, or
+pickling) puts back its own forward, without this path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import fx, nn
+
+from .torch_compat import module_internals
+
+
+class _Namespace:
+    """``self`` of a fast call: the children's bound forwards; other names from the GraphModule."""
+
+    def __init__(self, module: fx.GraphModule):
+        self.__dict__.update({name: child.forward for name, child in module.named_children()})
+        self.__dict__[" module"] = module  # not an identifier: no graph name can reach it
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__[" module"], name)
+
+
+class _State:
+    """The children it was made for, their hook dicts, and the namespace (None: the graph reads a child's
+    attributes, so a bound forward cannot stand for it). Never copied nor pickled: a copy makes its own."""
+
+    __slots__ = ("children", "hooks", "namespace")
+
+    def __init__(self, module: fx.GraphModule, children: tuple):
+        self.children = children
+        self.hooks = tuple(hooks for child in children for hooks in (
+            child._forward_pre_hooks, child._forward_hooks, child._backward_pre_hooks, child._backward_hooks))
+        self.namespace = _Namespace(module) if _calls_children_only(module) else None
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return type(None), ()
+
+
+def _calls_children_only(module: fx.GraphModule) -> bool:
+    """Whether the graph uses its children only by calling them (targets without dots)."""
+    children = set(module._modules)
+    for node in module.graph.nodes:
+        if node.op == "call_module" and "." in node.target:
+            return False
+        if node.op == "get_attr" and node.target.split(".")[0] in children:
+            return False
+    return True
+
+
+def _global_hooks() -> bool:
+    return bool(module_internals._global_forward_hooks or module_internals._global_forward_pre_hooks
+                or module_internals._global_backward_hooks or module_internals._global_backward_pre_hooks)
+
+
+def _slow() -> bool:
+    """Whether this call must take nn.Module.__call__ per node (see the module docstring)."""
+    return (torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+            or torch.jit.is_tracing() or fx._symbolic_trace.is_fx_symbolic_tracing() or _global_hooks())
+
+
+def _namespace(module: fx.GraphModule) -> _Namespace | None:
+    """The namespace of a fast call of ``module``, or None where the call must be fx's as written."""
+    if _slow():
+        return None
+    children = tuple(module._modules.values())
+    state = module.__dict__.get("_fast_state")
+    if state is None or state.children != children:
+        state = module.__dict__["_fast_state"] = _State(module, children)
+    return None if any(state.hooks) else state.namespace
+
+
+def install(module: fx.GraphModule) -> None:
+    """Wrap ``module``'s generated forward (its class is its own: fx makes one per GraphModule)."""
+    generated = type(module).forward
+
+    @functools.wraps(generated)  # the signature stays the graph's (torch.export binds inputs by name)
+    def forward(self, *args, **kwargs):
+        namespace = _namespace(self)
+        return generated(self if namespace is None else namespace, *args, **kwargs)
+
+    type(module).forward = forward
+
+
+def installed(module: nn.Module) -> bool:
+    """Whether ``module``'s forward is this wrapper (tests)."""
+    return getattr(type(module).forward, "__wrapped__", None) is not None and isinstance(module, fx.GraphModule)
