@@ -92,6 +92,7 @@ def install(module: fx.GraphModule) -> None:
         namespace = _namespace(self)
         return generated(self if namespace is None else namespace, *args, **kwargs)
 
+    forward.__code__ = forward.__code__.replace()  # a code object per graph, as fx's: torch.compile caches per code
     type(module).forward = forward
 
 

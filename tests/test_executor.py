@@ -151,3 +151,10 @@ def test_training_and_tracing_keep_the_module_path():
     traced = torch.fx.symbolic_trace(module)
     with torch.no_grad():
         torch.testing.assert_close(traced(x), module(x), rtol=0, atol=0)
+
+
+def test_each_graph_has_its_own_code():
+    """torch.compile caches compiled frames per code object and stops at 8: one shared wrapper would make the
+    ninth model compiled in a process fail (fullgraph) where fx's per-graph code did not."""
+    first, second = (onnx2torch_rnn.convert(chain_model()) for _ in range(2))
+    assert type(first).forward.__code__ is not type(second).forward.__code__
