@@ -3,6 +3,7 @@
     .venv/bin/python bench/run.py                  # the full suite: 592 single-node rows (about 9 minutes with
                                                    # --no-compile on 2 idle cores; compiling every case is slow)
     .venv/bin/python bench/run.py --suite quick    # 27 cases, both thread counts, for iteration (about 3 minutes)
+    .venv/bin/python bench/run.py --suite int8     # issue #25's int8 rows: quantized test models + real int8 ones
     .venv/bin/python bench/run.py --suite real     # models that packages ship, fetched at bench time (real_models.py;
                                                    # --no-train skips the original-module rows there)
     options: --threads 1 2 (the default), --no-compile, --no-models, --no-train, --no-reexport, --no-conversion,
@@ -682,8 +683,9 @@ def machine() -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["quick", "full", "real"], default="full",
-                        help="real: the models that public packages ship (bench/real_models.py)")
+    parser.add_argument("--suite", choices=["quick", "full", "real", "int8"], default="full",
+                        help="real: the models that public packages ship (bench/real_models.py); int8: the quantized "
+                        "test models and the real int8 ones (bench/int8_models.py)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile'd timings")
     parser.add_argument("--no-models", dest="models", action="store_false", help="skip the whole-model cases")
@@ -708,6 +710,10 @@ def main(argv=None) -> int:
         from real_models import run_suite
 
         return run_suite(args.threads, args.compile, args.train, args.filter, args.budget, args.out)
+    if args.suite == "int8":
+        from int8_models import run_suite
+
+        return run_suite(args.threads, args.budget, args.filter, args.out)
     budget = args.budget or (0.15 if args.suite == "full" else 0.5)
     out = args.out or HERE / "results" / f"{args.suite}.md"
     started, load_before = time.perf_counter(), os.getloadavg()[0]

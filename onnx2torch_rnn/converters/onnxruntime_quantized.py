@@ -98,7 +98,7 @@ def qlinear_sigmoid(node: OnnxNode, ctx) -> Converted:
     (Eigen's rational approximation, emulated step by step: fused multiply-adds rounded once).
     """
     _check(node, ctx, (0, 2, 4))
-    return Converted(q.QLinearLookup("Sigmoid"), node.inputs)
+    return _lookup(node, ctx, "Sigmoid")
 
 
 @register_converter("QLinearLeakyRelu", 1, MS)
@@ -106,7 +106,19 @@ def qlinear_leaky_relu(node: OnnxNode, ctx) -> Converted:
     """Quantized LeakyRelu (alpha, default 0.01) through onnxruntime's 256-entry table, int8/uint8. Exact to
     onnxruntime: quantize(v >= 0 ? v : alpha * v) of v = x_scale * (q - x_zp), in float32."""
     _check(node, ctx, (0, 2, 4))
-    return Converted(q.QLinearLookup("LeakyRelu", float(node.attr("alpha", 0.01))), node.inputs)
+    return _lookup(node, ctx, "LeakyRelu", float(node.attr("alpha", 0.01)))
+
+
+def _lookup(node: OnnxNode, ctx, function: str, alpha: float | None = None) -> Converted:
+    """The table built at conversion where the scales and zero points are constants (one zero point at least, which
+    gives the 8-bit type), else on each call from the run-time values."""
+    names = [node.input(i) for i in range(1, 5)]
+    values = tuple(ctx.constant(name) if name else None for name in names)
+    known = all(v is not None for v, name in zip(values, names, strict=True) if name) and (
+        values[1] is not None or values[3] is not None)
+    if known:
+        return Converted(q.QLinearLookup(function, alpha, values), node.inputs[:1])
+    return Converted(q.QLinearLookup(function, alpha), node.inputs)
 
 
 @register_converter("QLinearGlobalAveragePool", 1, MS)

@@ -464,12 +464,15 @@ def _zero(zero_point: Tensor | None) -> Tensor | float:
 
 
 class QLinearLookup(Module):
-    """com.microsoft QLinearSigmoid / QLinearLeakyRelu: onnxruntime's 256-entry table, built on each call from the
-    scales: y = quantize(f(x_scale * (q - x_zp))) for every q, then looked up."""
+    """com.microsoft QLinearSigmoid / QLinearLeakyRelu: onnxruntime's 256-entry table y = quantize(f(x_scale * (q -
+    x_zp))) for every q, then looked up: built once here when the converter knows the scales and zero points
+    (``parameters``: x_scale, x_zp, y_scale, y_zp, their 8-bit type given by a zero point), else on each call."""
 
-    def __init__(self, function: str, alpha: float | None = None):
+    def __init__(self, function: str, alpha: float | None = None, parameters: tuple | None = None):
         super().__init__()
         self.function, self.alpha = function, alpha
+        dtype = next((p.dtype for p in (parameters or ())[1::2] if p is not None), None)
+        self.register_buffer("constant_table", None if dtype is None else self.table(dtype, *parameters))
 
     def table(self, dtype, x_scale, x_zero_point, y_scale, y_zero_point) -> Tensor:
         low, high = integer_range(dtype)
@@ -481,8 +484,10 @@ class QLinearLookup(Module):
             y = torch.where(x >= 0, x, torch.tensor(self.alpha, dtype=torch.float32) * x)
         return quantize(y, y_scale, y_zero_point, dtype)
 
-    def forward(self, x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
-        table = self.table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point)
+    def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
+        table = self.constant_table
+        if table is None or table.dtype != x.dtype:
+            table = self.table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point)
         return table[x.long() - integer_range(x.dtype)[0]]
 
     def extra_repr(self) -> str:
