@@ -60,13 +60,12 @@ def _enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if _tracing():
         return
     saved = None
-    runtime = _runtime()
+    threads = torch.get_num_threads()  # first: at one thread nothing else needs asking (a call's fixed cost)
+    runtime = _runtime() if threads > 1 else None
     if runtime is not None and not torch.is_grad_enabled() and _small_call(args, kwargs):
-        threads = torch.get_num_threads()
-        if threads > 1:
-            set_openmp, set_mkl = runtime
-            set_openmp(1)
-            saved = (threads, set_mkl(1) if set_mkl else 0)
+        set_openmp, set_mkl = runtime
+        set_openmp(1)
+        saved = (threads, set_mkl(1) if set_mkl else 0)
     _FORWARDS.__dict__.setdefault("stack", []).append(saved)
 
 
