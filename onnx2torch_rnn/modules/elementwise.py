@@ -26,8 +26,15 @@ def unsigned_safe(fn: Callable | None = None, *, uint64: bool = False) -> Callab
     if fn is None:
         return functools.partial(unsigned_safe, uint64=uint64)
 
+    unusual = frozenset((*_WIDENED, torch.uint64) if uint64 else _WIDENED)
+
     @functools.wraps(fn)
     def apply(*args):
+        for a in args:  # the common case first, with as little Python as can be (it runs on every node call)
+            if isinstance(a, torch.Tensor) and a.dtype in unusual:
+                break
+        else:
+            return fn(*args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         unsigned = next((a.dtype for a in tensors if a.dtype in _WIDENED), None)
         if unsigned is not None:
