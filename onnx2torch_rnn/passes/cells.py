@@ -22,6 +22,7 @@ from . import GraphView, _run_node, attribute
 from .stacked import _dim
 
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+_NARROW = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 # activation ops and the ONNX recurrent activation they are, with the attributes they take and their defaults
 _ACTIVATIONS = MappingProxyType({"Sigmoid": (), "Tanh": (), "Relu": (), "Softsign": (), "Softplus": (),
                                  "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)), "LeakyRelu": (("alpha", 0.01),),
@@ -180,6 +181,7 @@ class _Evaluator:
         self.x: str | None = None  # the outer value whose step is x
         self.mask: str | None = None  # the outer value whose step is the mask
         self.dtype: np.dtype | None = None  # the weights' type
+        self.unrounded: dict[int, np.ndarray] = {}  # id of a constant cast to float16 -> its float32 original
         self.x_atom = Atom("x")  # one atom for every read of the step's input
         if x is not None:  # a Scan's step input: (the outer input, the body input that is its step)
             self.x, env[x[1]] = x[0], _leaf(self.x_atom)
@@ -202,8 +204,15 @@ class _Evaluator:
             return None
         if node.op_type != "Constant" and all(isinstance(a, np.ndarray) or a is None for a in args) and any(
                 a is not None for a in args):
-            return self._fold(node, args)
+            folded = self._fold(node, args)
+            if folded and node.op_type == "Cast" and attribute(node, "to") in _NARROW and args[0].dtype.kind == "f":
+                self.unrounded[id(folded[0])] = args[0]
+            return folded
         handler = getattr(self, f"_{node.op_type}", None)
+        # onnxruntime has no float16 kernels for the cell's arithmetic (MatMul, Add, ...) on CPU: it computes them
+        # in float32 and drops a Cast pair between, so they read a constant cast to float16 (mixed_float16's weights)
+        # as the float32 original (read through Split or Squeeze, whose float16 kernels run, it is rounded)
+        args = [self.unrounded.get(id(a), a) if isinstance(a, np.ndarray) else a for a in args]
         return None if handler is None else handler(node, *args)
 
     @staticmethod

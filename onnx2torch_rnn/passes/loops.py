@@ -27,6 +27,7 @@ with it too (``settled``, unrolled.py's chains use it as well).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -51,6 +52,8 @@ from .cells import (
 )
 from .stacked import _cancelled_transposes, _dim, _op, _rank, _shape_vector, reversal
 
+_NARROW = MappingProxyType({onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"})
+
 # ---------------------------------------------------------------------------------------------------------------
 # The loop: carried values, trip count, mask, outputs
 
@@ -72,6 +75,9 @@ class _Match:
     y_backwards: bool = False  # ... writing y from its last step to its first
     window: tuple[int, int | None] | None = None  # the steps of x it reads (unrolled.py), None: all
     time_axis: int | None = 0  # x's and y's time axis: 1 batch-first, None one step without it (unrolled.py)
+    # "float16" / "bfloat16": a Loop that carries its states in it (onnxruntime computes the body in float32 and
+    # rounds them after every step: the layer's state_dtype)
+    state_dtype: str | None = None
 
 
 def _select(f: Form) -> tuple[Form, Form | None] | None:
@@ -266,6 +272,8 @@ def _finish(view, loop, evaluator, cell, weights, analysis, body_values, outer_o
         return None
     batch = _dim(view, evaluator.x, 1)
     match = _Match(loop, cell, weights, evaluator.dtype, evaluator.x, evaluator.mask, mask_output)
+    if loop.op_type == "Loop":
+        match.state_dtype = _NARROW.get(view.elem_type(inits[cell.h]))
     for role, k in (("h", cell.h), ("c", cell.c)):
         if k is not None and _zero(view, inits[k]) != [batch, weights[3]]:
             match.initial[role] = inits[k]
@@ -379,4 +387,5 @@ def recurrent_layer(matches: list[_Match], outputs: list[bool]):
                        activations=[a[0] for a in activations], activation_alpha=alpha, activation_beta=beta,
                        linear_before_reset=cell.linear_before_reset,
                        outputs=list(outputs)[:layer_class.cell.num_outputs], W=W, R=R, B=B, P=P, dtype=dtype,
-                       mask_output=first.mask_output)
+                       mask_output=first.mask_output, state_dtype=first.state_dtype)
+

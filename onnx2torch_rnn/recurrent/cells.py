@@ -24,6 +24,7 @@ from torch import Tensor
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 OUTPUT_NAMES = ("Y", "Y_h", "Y_c")
 MASK_OUTPUTS = ("zero", "hold")  # a masked step's Y: zeros, or the row's previous output (Keras' two modes)
+STATE_DTYPES = MappingProxyType({"float16": torch.float16, "bfloat16": torch.bfloat16})
 
 
 class InvalidAttribute(ValueError):
@@ -100,6 +101,9 @@ class RecurrentConfig:
     linear_before_reset: bool = False
     outputs: tuple[bool, bool, bool] = (True, True, True)  # which of Y, Y_h, Y_c to compute
     mask_output: str | None = None  # None: the node takes no mask; else what a masked step outputs (MASK_OUTPUTS)
+    # None: the states stay in the compute dtype (float32 for float16 X: onnxruntime's LSTM/GRU/RNN); else
+    # (STATE_DTYPES) they are rounded to it after every step, as a Loop carries them in onnxruntime (runtime.py)
+    state_dtype: str | None = None
 
     @property
     def num_directions(self) -> int:
@@ -118,7 +122,7 @@ def make_config(cell: Cell, *, hidden_size: int | None = None, direction: str = 
                 activations: Sequence[str] | None = None, activation_alpha: Sequence[float] | None = None,
                 activation_beta: Sequence[float] | None = None, clip: float | None = None, input_forget: int = 0,
                 linear_before_reset: int = 0, outputs: Sequence[bool] | None = None,
-                mask_output: str | None = None) -> RecurrentConfig:
+                mask_output: str | None = None, state_dtype: str | None = None) -> RecurrentConfig:
     """The config of a node from its ONNX attributes, with onnxruntime's rules; InvalidAttribute for what cannot be
     honoured. ``outputs``: which of the node's outputs to compute (default: all of them)."""
     if direction not in DIRECTIONS:
@@ -149,9 +153,11 @@ def make_config(cell: Cell, *, hidden_size: int | None = None, direction: str = 
         raise ValueError(f"{cell.op_type} has at most {cell.num_outputs} outputs")
     if mask_output is not None and mask_output not in MASK_OUTPUTS:
         raise InvalidAttribute("mask_output", mask_output, f"must be one of {', '.join(MASK_OUTPUTS)}")
+    if state_dtype is not None and state_dtype not in STATE_DTYPES:
+        raise InvalidAttribute("state_dtype", state_dtype, f"must be one of {', '.join(STATE_DTYPES)}")
     outputs = tuple(bool(o) for o in outputs) + (False,) * (3 - len(outputs))
     return RecurrentConfig(hidden_size, direction, int(layout), roles, None if clip is None else float(clip),
-                           bool(input_forget), bool(linear_before_reset), outputs, mask_output)
+                           bool(input_forget), bool(linear_before_reset), outputs, mask_output, state_dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -276,6 +282,8 @@ def encode(cell: Cell, cfg: RecurrentConfig, weights: str) -> str:
               "linear_before_reset": int(cfg.linear_before_reset),
               "outputs": "".join(str(int(o)) for o in cfg.outputs), "weights": weights,
               "mask_output": cfg.mask_output or ""}
+    if cfg.state_dtype:  # only then: the native kernel, which never runs such a config, keeps its format
+        fields["state_dtype"] = cfg.state_dtype
     return ";".join(f"{key}={value}" for key, value in fields.items())
 
 
@@ -293,5 +301,5 @@ def decode(key: str) -> tuple[Cell, RecurrentConfig, str]:
     cfg = RecurrentConfig(hidden, fields["direction"], int(fields["layout"]), roles,
                           float(fields["clip"]) if fields["clip"] else None, fields["input_forget"] == "1",
                           fields["linear_before_reset"] == "1", tuple(o == "1" for o in fields["outputs"]),
-                          fields["mask_output"] or None)
+                          fields["mask_output"] or None, fields.get("state_dtype"))
     return cell, cfg, fields["weights"]

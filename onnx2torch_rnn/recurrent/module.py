@@ -63,12 +63,13 @@ class Recurrent(Module):
                  linear_before_reset: int = 0, outputs: Sequence[bool] | None = None,
                  W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None, P: Tensor | None = None,
                  sequence_lens: Sequence[int] | None = None, runtime_weights: Sequence[str] = (),
-                 dtype: torch.dtype = torch.float32, mask_output: str | None = None):
+                 dtype: torch.dtype = torch.float32, mask_output: str | None = None, state_dtype: str | None = None):
         super().__init__()
         self.config = make_config(self.cell, hidden_size=hidden_size, direction=direction, layout=layout,
                                   activations=activations, activation_alpha=activation_alpha,
                                   activation_beta=activation_beta, clip=clip, input_forget=input_forget,
-                                  linear_before_reset=linear_before_reset, outputs=outputs, mask_output=mask_output)
+                                  linear_before_reset=linear_before_reset, outputs=outputs, mask_output=mask_output,
+                                  state_dtype=state_dtype)
         self.num_outputs = self.cell.num_outputs if outputs is None else len(outputs)
         self.sequence_lens = None if sequence_lens is None else tuple(int(v) for v in sequence_lens)
         # the op takes lengths as a tensor; not persistent: they are a constructor argument, not a weight
@@ -76,7 +77,7 @@ class Recurrent(Module):
                              torch.tensor(self.sequence_lens, dtype=torch.int64), persistent=False)
         self.runtime_weights = tuple(runtime_weights)
         compute = torch.float64 if dtype == torch.float64 else torch.float32
-        mode = self.cell.torch_mode(self.config)
+        mode = None if state_dtype else self.cell.torch_mode(self.config)  # torch's kernels keep float32 states
         constant_weights = W is not None and R is not None and not {"B", "P"} & set(self.runtime_weights)
         self.fast = mode is not None and constant_weights and (P is None or not bool(P.any()))
         self.torch_mode = mode if self.fast else None  # the torch kernel the fast path runs
@@ -123,7 +124,8 @@ class Recurrent(Module):
                 initial_c: Tensor | None = None, P: Tensor | None = None, mask: Tensor | None = None):
         weights = self.weights(W, R, B, P)
         compiling = torch.compiler.is_compiling()
-        if compiling or native_inference(X, (*weights, initial_h, initial_c)):
+        if compiling or (native_inference(X, (*weights, initial_h, initial_c))
+                         and not self.config.state_dtype):  # the kernel keeps float32 states
             outputs = self.run_op(X, weights, sequence_lens, initial_h, initial_c, mask, eager_native=not compiling)
         else:
             named = ({"torch_weights": weights, "W": None, "R": None} if self.fast
@@ -171,6 +173,8 @@ class Recurrent(Module):
             parts.append(f"sequence_lens={list(self.sequence_lens)}")
         if cfg.mask_output is not None:
             parts.append(f"mask_output={cfg.mask_output!r}")
+        if cfg.state_dtype is not None:
+            parts.append(f"state_dtype={cfg.state_dtype!r}")
         if self.runtime_weights:
             parts.append(f"weights from inputs: {', '.join(self.runtime_weights)}")
         parts.append(f"outputs={[n for n, o in zip(OUTPUT_NAMES, cfg.outputs, strict=True) if o]}")
@@ -307,7 +311,7 @@ class StackedRecurrent(Module):
             return None
         weights, counts, configs, constant_lengths = [], [], [], set()
         for layer in self.layers:  # one pass: a batch-1 call notices each loop over the layers
-            if type(layer).forward is not Recurrent.forward or has_forward_hooks(layer):
+            if type(layer).forward is not Recurrent.forward or has_forward_hooks(layer) or layer.config.state_dtype:
                 return None
             own = [w for w in layer.weights() if w is not None]
             weights += own

@@ -22,7 +22,9 @@ Schema::
   ``clip`` a float or empty; ``input_forget`` 0|1; ``linear_before_reset`` 0|1;
   ``outputs`` three digits for Y, Y_h, Y_c (1: compute it); ``weights`` torch or a subset of the letters WRBP;
   ``mask_output`` empty (no mask input), zero or hold (a masked step's Y: zeros, or the row's previous output in
-  processing order, zero before its first unmasked step). Written by ``cells.encode``, read by ``cells.decode``.
+  processing order, zero before its first unmasked step); then, only where set, ``state_dtype`` float16|bfloat16
+  (the states rounded to it after every step, as onnxruntime carries a float16 Loop's: such a config runs on the
+  Python implementation, the native kernel never sees it). Written by ``cells.encode``, read by ``cells.decode``.
 
 Implementations: on CPU, the native kernel (kernel/) once it is loaded, through two ops of its own:
 ``recurrent_pack`` packs a node's weights for it (``PACKS`` caches them per weight version) and
@@ -142,7 +144,8 @@ def native(X, weights, config, sequence_lens, initial_h, initial_c, mask):
 
 
 def _cpu_impl(*args):
-    return native(*args) if kernel.loaded() else _python_impl(*args)
+    native_config = kernel.loaded() and not decode(args[2])[1].state_dtype  # the kernel keeps float32 states
+    return native(*args) if native_config else _python_impl(*args)
 
 
 _LIBRARY.impl("recurrent", _cpu_impl, "CPU")

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from .cells import Cell, RecurrentConfig
+from .cells import STATE_DTYPES, Cell, RecurrentConfig
 from .validation import check_lengths_dtype, check_shape, check_shapes
 
 _TORCH_KERNELS = MappingProxyType({"LSTM": torch.lstm, "GRU": torch.gru, "RNN_TANH": torch.rnn_tanh,
@@ -79,7 +79,8 @@ def recurrent(cell: Cell, cfg: RecurrentConfig, X: Tensor, W: Tensor | None, R: 
     With ``torch_weights`` (the flat weights of an nn.LSTM/GRU/RNN, already reordered) torch's kernel computes the
     recurrence, else the cell loop on the ONNX-layout W, R, B, P. ``mask`` (bool, X.shape[:2]): where a row's mask is
     false its states carry over and its Y is zero or its previous output (``cfg.mask_output``). float16/bfloat16
-    are computed in float32 and cast back, as onnxruntime would; float64 stays float64. ``products`` replaces the
+    are computed in float32 and cast back, as onnxruntime would; float64 stays float64. With ``cfg.state_dtype``
+    the states are rounded to it after every step (a Loop's carried values). ``products`` replaces the
     loop's matrix products (see ``_cell_loop``; DynamicQuantizeLSTM's integer products).
     """
     compute = torch.float64 if X.dtype == torch.float64 else torch.float32
@@ -310,9 +311,12 @@ def _cell_loop(cell, cfg, x, W, R, B, P, lens, h0, c0, mask, products=None):
         keep = None if mask is None else _per_direction(cfg, mask, None).transpose(0, 1)[..., None]  # [T, D, N, 1]
     out = x.new_zeros(directions, batch, hidden) if mask is not None else None  # a masked step's output
     ys, step = [], _step_function(cell, products)
+    carried = STATE_DTYPES.get(cfg.state_dtype)
     for t in range(steps):
         state = h if products is None else products.state(h, t, keep)
         h_new, c_new = step(cfg, projection[:, t], state, c, rt, inner, p)
+        if carried is not None:  # onnxruntime computes a float16 Loop body in float32 but carries its states in it
+            h_new, c_new = (None if s is None else s.to(carried).to(s.dtype) for s in (h_new, c_new))
         if keep is None:
             h, c = h_new, c_new
         else:
