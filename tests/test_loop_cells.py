@@ -260,10 +260,10 @@ def test_float16_loops_compute_as_onnxruntime_runs_them(file):
     module = onnx2torch_rnn.convert(model)
     assert {cell.layer.config.state_dtype for cell in looped(module)} == {"float16"}
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    for seed in range(2):
+    for seed, grad in ((0, False), (1, False), (0, True)):  # inference: the kernel step by step; grad: the cell loop
         x = np.random.default_rng(seed).standard_normal([4, 60, 5]).astype(np.float32)
         (want,) = session.run(None, {"x": x})
-        with torch.no_grad():
-            got = module(torch.from_numpy(x)).numpy()
+        with torch.set_grad_enabled(grad):
+            got = module(torch.from_numpy(x)).detach().numpy()
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=2**-10, atol=2**-20)  # one unit
         assert (got != want).mean() < 0.01

@@ -13,6 +13,7 @@ the fast path, when torch's kernel computes exactly the ONNX numbers (cells.py: 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 from ..modules.common import Module
 from ..torch_compat import buffer_dict, flat_weight_names, has_forward_hooks, parameter_dict
 from . import kernel, op
-from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, Cell, encode, make_config
+from .cells import GRU_CELL, LSTM_CELL, OUTPUT_NAMES, RNN_CELL, STATE_DTYPES, Cell, encode, make_config
 from .runtime import needs_grad, recurrent, torch_layers
 
 
@@ -89,6 +90,9 @@ class Recurrent(Module):
         present = "torch" if self.fast else "".join(
             k for k in "WRBP" if getattr(self, k) is not None or k in self.runtime_weights)
         self.op_config = encode(self.cell, self.config, present)
+        # a state_dtype layer's eager inference runs the kernel one step at a time on this config (states out)
+        self._step_config = state_dtype and encode(self.cell, dataclasses.replace(
+            self.config, state_dtype=None, outputs=(False, True, self.cell.has_cell_state)), present)
         # the nn.LSTM/GRU/RNN's weights, reachable without touching that module (Dynamo refuses to wrap one)
         self._fast_weights = FastWeights(self.rnn) if self.fast else None
         kernel.load()  # built once per checkout (cached), loaded once per process; the Python path runs without it
@@ -124,9 +128,13 @@ class Recurrent(Module):
                 initial_c: Tensor | None = None, P: Tensor | None = None, mask: Tensor | None = None):
         weights = self.weights(W, R, B, P)
         compiling = torch.compiler.is_compiling()
-        if compiling or (native_inference(X, (*weights, initial_h, initial_c))
-                         and not self.config.state_dtype):  # the kernel keeps float32 states
-            outputs = self.run_op(X, weights, sequence_lens, initial_h, initial_c, mask, eager_native=not compiling)
+        native = not compiling and native_inference(X, (*weights, initial_h, initial_c))
+        outputs = native and self.config.state_dtype and self._native_steps(X, weights, sequence_lens, initial_h,
+                                                                             initial_c, mask)
+        if outputs:
+            pass
+        elif compiling or (native and not self.config.state_dtype):  # the kernel keeps float32 states
+            outputs = self.run_op(X, weights, sequence_lens, initial_h, initial_c, mask, eager_native=native)
         else:
             named = ({"torch_weights": weights, "W": None, "R": None} if self.fast
                      else dict(zip("WRBP", weights, strict=True)))
@@ -146,6 +154,23 @@ class Recurrent(Module):
             return self._fast_weights()
         own = parameter_dict(self)
         return [given if own[name] is None else own[name] for name, given in (("W", W), ("R", R), ("B", B), ("P", P))]
+
+    def _native_steps(self, X: Tensor, weights: list[Tensor | None], sequence_lens, initial_h, initial_c, mask):
+        """(Y, Y_h, Y_c) of a state_dtype layer in eager inference, by the native kernel one step at a time: each
+        step's states come back in X's dtype, rounded as onnxruntime carries a Loop's. None (the Python loop runs)
+        unless the layer has one direction and layout 0, X is in the states' dtype, and there is no mask or
+        length."""
+        cfg = self.config
+        if (mask is not None or sequence_lens is not None or self.sequence_lens is not None or cfg.layout
+                or cfg.num_directions != 1 or X.dtype != STATE_DTYPES[cfg.state_dtype] or not X.shape[0]):
+            return None
+        present, h, c, ys = [w for w in weights if w is not None], initial_h, initial_c, [None] * X.shape[0]
+        for t in range(X.shape[0] - 1, -1, -1) if cfg.direction == "reverse" else range(X.shape[0]):
+            _, h, c = op.run(X[t:t + 1], present, self._step_config, None, h, c, None,
+                             outputs=(False, True, self.cell.has_cell_state), eager_native=True)
+            ys[t] = h
+        return (torch.stack(ys) if cfg.outputs[0] else None, h if cfg.outputs[1] else None,
+                c if cfg.outputs[2] else None)
 
     def run_op(self, X: Tensor, weights: list[Tensor | None], sequence_lens: Tensor | None = None,
                initial_h: Tensor | None = None, initial_c: Tensor | None = None, mask: Tensor | None = None,
