@@ -80,8 +80,11 @@ class Reshape(_Attributes):
     def __init__(self, shape: Sequence[int] | None = None, allowzero: int = 0):
         super().__init__()
         self.shape, self.allowzero = shape, allowzero
+        self._plain = shape is not None and (allowzero or 0 not in shape)  # baked, nothing to copy from the input
 
     def forward(self, data, shape=None):
+        if shape is None and self._plain:
+            return data.reshape(self.shape)
         shape = ints(self.shape, shape)
         if not self.allowzero:  # 0 copies the input's dimension; -1 is left for torch to infer
             shape = [data.shape[i] if torch_compat.is_zero(s) else s for i, s in enumerate(shape)]
@@ -185,8 +188,19 @@ class Slice(_Attributes):
     def __init__(self, starts=None, ends=None, axes=None, steps=None):
         super().__init__()
         self.starts, self.ends, self.axes, self.steps = starts, ends, axes, steps
+        self._eager = None  # (axis, slice) per sliced axis, where everything is baked and every step positive
+        if starts is not None and ends is not None and (steps is None or all(step > 0 for step in steps)):
+            self._eager = [(axis, slice(start, None if end >= _INT32_MAX else end, step)) for axis, start, end, step in
+                           zip(range(len(starts)) if axes is None else axes, starts, ends, steps or [1] * len(starts),
+                               strict=True)]
 
     def forward(self, data, starts=None, ends=None, axes=None, steps=None):
+        if (self._eager is not None and starts is ends is axes is steps is None and not torch.compiler.is_compiling()
+                and not torch.jit.is_tracing()):  # eager: Python's slice clamps an end past the dim as ONNX does
+            index = [slice(None)] * data.dim()
+            for axis, part in self._eager:
+                index[axis] = part  # a negative axis counts from the end, as in ONNX
+            return data[tuple(index)]
         starts, ends = ints(self.starts, starts), ints(self.ends, ends)
         axes = ints(self.axes, axes)
         axes = range(len(starts)) if axes is None else axes
