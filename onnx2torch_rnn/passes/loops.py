@@ -388,4 +388,3 @@ def recurrent_layer(matches: list[_Match], outputs: list[bool]):
                        linear_before_reset=cell.linear_before_reset,
                        outputs=list(outputs)[:layer_class.cell.num_outputs], W=W, R=R, B=B, P=P, dtype=dtype,
                        mask_output=first.mask_output, state_dtype=first.state_dtype)
-

@@ -129,13 +129,12 @@ class Recurrent(Module):
         weights = self.weights(W, R, B, P)
         compiling = torch.compiler.is_compiling()
         native = not compiling and native_inference(X, (*weights, initial_h, initial_c))
-        outputs = native and self.config.state_dtype and self._native_steps(X, weights, sequence_lens, initial_h,
-                                                                             initial_c, mask)
-        if outputs:
-            pass
-        elif compiling or (native and not self.config.state_dtype):  # the kernel keeps float32 states
+        outputs = None
+        if native and self.config.state_dtype:  # the kernel keeps float32 states: one step per call
+            outputs = self._native_steps(X, weights, sequence_lens, initial_h, initial_c, mask)
+        elif compiling or native:
             outputs = self.run_op(X, weights, sequence_lens, initial_h, initial_c, mask, eager_native=native)
-        else:
+        if outputs is None:
             named = ({"torch_weights": weights, "W": None, "R": None} if self.fast
                      else dict(zip("WRBP", weights, strict=True)))
             lens = self.sequence_lens if sequence_lens is None else sequence_lens
