@@ -171,7 +171,8 @@ def qlinear_softmax(node: OnnxNode, ctx) -> Converted:
     if opset is None:
         raise node.unsupported("opset", None, "QLinearSoftmax needs the opset of the Softmax it stands for")
     axis = node.attr("axis", 1 if opset < 13 else -1)
-    return Converted(q.QLinearSoftmax(axis, opset), node.inputs)
+    x_scale = ctx.constant(node.input(1))
+    return Converted(q.QLinearSoftmax(axis, opset, None if x_scale is None else float(x_scale.float())), node.inputs)
 
 
 @register_converter("QLinearConcat", 1, MS)
@@ -184,7 +185,12 @@ def qlinear_concat(node: OnnxNode, ctx) -> Converted:
     if (len(node.inputs) - 2) % 3 or len(node.inputs) < 5:
         raise node.unsupported("inputs", len(node.inputs), "expected y_scale, y_zero_point and (x, scale, zero "
                                "point) triples")
-    return Converted(q.QLinearConcat(node.attr("axis")), node.inputs)
+    names = [node.input(i) for i in range(len(node.inputs))]
+    values = [ctx.constant(name) if name else None for name in names]
+    same = None
+    if all(v is not None for i, v in enumerate(values) if i < 2 or i % 3 != 2):  # the scales and zero points
+        same = tuple(q.QLinearConcat.copies(*values[i:i + 2], *values[:2]) for i in range(3, len(values), 3))
+    return Converted(q.QLinearConcat(node.attr("axis"), same), node.inputs)
 
 
 @register_converter("QGemm", 1, MS)

@@ -552,11 +552,13 @@ class QLinearSoftmax(Module):
     """com.microsoft QLinearSoftmax as onnxruntime computes it: a 256-entry float32 table exp((q - 255 + shift) *
     x_scale) (in double, shift keeping the sum below FLT_MAX), each row looked up relative to its maximum and summed
     in order in float32, then saturate(round_half_even(table * floor(1 / y_scale) / sum) + y_zp). ``opset`` < 13
-    reduces over all axes from ``axis`` on, 13 and later over ``axis`` only."""
+    reduces over all axes from ``axis`` on, 13 and later over ``axis`` only. ``x_scale``: given by the converter where
+    it is a constant; the tables (one per row length and type) are then built once, else on each call."""
 
-    def __init__(self, axis: int, opset: int):
+    def __init__(self, axis: int, opset: int, x_scale: float | None = None):
         super().__init__()
-        self.axis, self.opset = axis, opset
+        self.axis, self.opset, self.x_scale = axis, opset, x_scale
+        self.tables: dict[tuple[int, bool], Tensor] = {}
 
     def table(self, x_scale: float, size: int, signed: bool) -> Tensor:
         float_max = np.float32(np.finfo(np.float32).max)
@@ -569,7 +571,12 @@ class QLinearSoftmax(Module):
         axis = self.axis % x.dim()
         rows = x.movedim(axis, -1) if self.opset >= 13 else x.reshape(*x.shape[:axis], -1)
         signed = x.dtype == torch.int8
-        table = self.table(float(x_scale.float()), rows.shape[-1], signed).to(x.device)
+        key = (rows.shape[-1], signed)
+        if (table := self.tables.get(key)) is None:
+            table = self.table(float(x_scale.float()) if self.x_scale is None else self.x_scale, *key)
+            if self.x_scale is not None and not torch.compiler.is_compiling():  # no attribute set while tracing
+                self.tables[key] = table
+        table = table.to(x.device)
         top = (255 if not signed else 127) - rows.amax(-1, keepdim=True).long()
         values = table[(rows.long() + top) & 0xFF]
         total = values[..., 0]
@@ -585,22 +592,30 @@ class QLinearSoftmax(Module):
 
 class QLinearConcat(Module):
     """com.microsoft QLinearConcat: each input requantized to the output's scale and zero point through
-    onnxruntime's table, quantize(x_scale * (q - x_zp)), or copied when its scale and zero point are the output's."""
+    onnxruntime's table, quantize(x_scale * (q - x_zp)), or copied when its scale and zero point are the output's.
+    ``same``: that decision per input, made by the converter where the scales and zero points are constants (no
+    data-dependent branch then: torch.export works), else compared on each call."""
 
-    def __init__(self, axis: int):
+    def __init__(self, axis: int, same: tuple[bool, ...] | None = None):
         super().__init__()
-        self.axis = axis
+        self.axis, self.same = axis, same
+
+    @staticmethod
+    def copies(x_scale, x_zero_point, y_scale, y_zero_point) -> bool:
+        """Whether onnxruntime copies the input: its scale and zero point are the output's."""
+        return bool((x_scale == y_scale).all()) and bool((x_zero_point == y_zero_point).all())
 
     def forward(self, y_scale, y_zero_point, *tuples):
         parts = []
-        for x, x_scale, x_zero_point in zip(tuples[::3], tuples[1::3], tuples[2::3], strict=True):
-            same = bool((x_scale == y_scale).all()) and bool((x_zero_point == y_zero_point).all())
+        for index, (x, x_scale, x_zero_point) in enumerate(zip(tuples[::3], tuples[1::3], tuples[2::3], strict=True)):
+            same = self.same[index] if self.same is not None else self.copies(x_scale, x_zero_point, y_scale,
+                                                                               y_zero_point)
             parts.append(x if same else quantize(dequantize(x, x_scale, x_zero_point), y_scale, y_zero_point,
                                                  x.dtype))
         return torch.cat(parts, self.axis)
 
     def extra_repr(self) -> str:
-        return f"axis={self.axis}"
+        return f"axis={self.axis}" + ("" if self.same is None else f", same={self.same}")
 
 
 class QGemm(Module):

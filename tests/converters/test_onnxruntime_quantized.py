@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import onnx2torch_rnn
-from onnx2torch_rnn.checking import random_inputs, run_torch
+from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
 from tests import helpers
 from tests.helpers import check, helper, make_model, single_node, tensor_type
 
@@ -152,8 +152,10 @@ def test_qlinear_global_average_pool(dtype, shape, channels_last):
 @pytest.mark.parametrize(("shapes", "axis"), [([(2, 3, 4), (2, 5, 4)], 1), ([(3, 2), (3, 4), (3, 1)], -1),
                                               ([(1, 4), (2, 4), (3, 4)], 0)])
 @pytest.mark.parametrize("shared", [False, True])
-def test_qlinear_concat(dtype, shapes, axis, shared):
-    """``shared``: the first input has the output's scale and zero point (onnxruntime copies it)."""
+@pytest.mark.parametrize("constant", [True, False])
+def test_qlinear_concat(dtype, shapes, axis, shared, constant):
+    """``shared``: the first input has the output's scale and zero point (onnxruntime copies it); ``constant``: the
+    scales and zero points are initializers (the copy decided at conversion), else graph inputs."""
     values = {"ys": scalar(0.05), "yz": integers(dtype, ())}
     feeds, names = {}, ["ys", "yz"]
     for index, shape in enumerate(shapes):
@@ -164,6 +166,8 @@ def test_qlinear_concat(dtype, shapes, axis, shared):
         names += [f"x{index}", f"s{index}", f"z{index}"]
     out = list(shapes[0])
     out[axis] = sum(s[axis] for s in shapes)
+    if not constant:
+        feeds, values = {**feeds, **values}, {}
     model, feeds = single_node("QLinearConcat", names, feeds, values, 17,
                                outputs=[("y", tensor_type(dtype), out)], domain=MS, axis=axis)
     check(model, feeds)
@@ -413,15 +417,18 @@ def test_qlinear_average_pool(attributes, shape, dtype, channels_last):
 @pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize(("shape", "axis", "opset"), [((4, 10), -1, 13), ((2, 3, 7), 1, 13), ((2, 3, 5), 1, 12),
                                                       ((3, 40), 1, 11), ((2, 64, 3), -2, 13)])
-def test_qlinear_softmax(dtype, shape, axis, opset):
-    """The usual output parameters (1/256 with zero point 0 or -128) and others."""
+@pytest.mark.parametrize("constant", [True, False])
+def test_qlinear_softmax(dtype, shape, axis, opset, constant):
+    """The usual output parameters (1/256 with zero point 0 or -128) and others; ``constant``: x_scale an
+    initializer (its tables built once), else a graph input."""
     for y_scale, y_zero_point in ((1 / 256, 0 if dtype == np.uint8 else -128), (0.007, 3)):
         values = {"xs": scalar(RNG.uniform(0.02, 0.2)), "xz": integers(dtype, ()), "ys": scalar(y_scale),
                   "yz": scalar(y_zero_point, dtype)}
         node = helper.make_node("QLinearSoftmax", ["x", "xs", "xz", "ys", "yz"], ["y"], domain=MS, axis=axis,
                                 opset=opset)
-        feeds = {"x": integers(dtype, shape)}
-        model = make_model([node], [("x", dtype, shape)], [("y", dtype, shape)], values, 17, {MS: 1})
+        feeds = {"x": integers(dtype, shape)} | ({} if constant else {"xs": values.pop("xs")})
+        specs = [(name, value.dtype, value.shape) for name, value in feeds.items()]
+        model = make_model([node], specs, [("y", dtype, shape)], values, 17, {MS: 1})
         check(model, feeds)
 
 
@@ -491,3 +498,16 @@ def test_int8_models_compile_fullgraph(name):
     compiled = torch.compile(module, fullgraph=True, dynamic=False)
     with torch.no_grad():
         _assert_matches(compiled(*args), expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["small_cnn_qop_u8s8", "small_cnn_qop_s8s8_pc"])
+def test_qoperator_cnn_export_matches_onnxruntime(name):
+    """torch.export (non-strict) of onnxruntime's QOperator ops (QLinearConcat's copy of an input with the output's
+    scale and zero point decided at conversion: no data-dependent branch), bit for bit against onnxruntime."""
+    path = QUANTIZED / f"{name}.onnx"
+    feeds = random_inputs(path, 0, {})
+    args = tuple(torch.from_numpy(v) for v in feeds.values())
+    program = torch.export.export(onnx2torch_rnn.convert(path), args, strict=False)
+    (want,) = run_onnxruntime(path, feeds)
+    np.testing.assert_allclose(program.module()(*args).numpy(), want, rtol=0, atol=0, strict=True)
