@@ -127,5 +127,8 @@ def compile_for_inference(module: torch.nn.Module, *, dynamic: bool | None = Fal
         # a frame of its own (this library's thread hooks: threads.py), each with its own guards to evaluate per call
         return module(*args, **kwargs)
 
+    # a code object per module: torch.compile keeps compiled code per code object, and without guards on the module
+    # one shared code object would run the first module's code for every other (8 at most, then eager)
+    inference.__code__ = inference.__code__.replace()
     return torch.compile(inference, dynamic=dynamic, options={
         "freezing": True, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})

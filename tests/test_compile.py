@@ -163,3 +163,12 @@ def test_compile_for_inference_matches_onnxruntime():
         longer = random_inputs(model, seed=1, dims={"time": 410})
         for got, want in zip(compiled(torch.from_numpy(longer["x"])), run_onnxruntime(model, longer), strict=True):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)  # the input's guards stay
+    # another model compiled in the same process runs its own graph (each compiled call has its own code: with the
+    # module's guards dropped, a shared one ran the first module's code, here KeyError 'LSTM_2')
+    gru_weights = {**weights, "W": weights["W"][:, :12], "R": weights["R"][:, :12]}
+    gru, _ = weighted_model([*nodes[:2], helper.make_node("GRU", ["t", "W", "R"], ["y", "h"], hidden_size=4)],
+                            [("x", np.float32, (1, 2, "time"))], gru_weights, 14, outputs=("y", "h"))
+    other = onnx2torch_rnn.compile_for_inference(onnx2torch_rnn.convert(gru))
+    with torch.no_grad():
+        for got, want in zip(other(x), run_onnxruntime(gru, feeds), strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
