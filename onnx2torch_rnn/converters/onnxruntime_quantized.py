@@ -15,7 +15,7 @@ from ..modules import quantized as q
 from ..node import Converted, OnnxNode
 from ..recurrent import InvalidAttribute
 from ..registry import register_converter
-from .quantized import QUANTIZED_TYPES, checked_type
+from .quantized import QUANTIZED_TYPES, checked_type, folded, folded_constants, without
 
 MS = "com.microsoft"
 BYTE_TYPES = (torch.int8, torch.uint8)
@@ -76,7 +76,7 @@ def qlinear_add(node: OnnxNode, ctx) -> Converted:
     float32 rounding from a half (millions checked against onnxruntime).
     """
     _check(node, ctx, (0, 2, 3, 5, 7))
-    return Converted(q.QLinearAdd(), node.inputs)
+    return _binary(node, ctx, q.QLinearAdd)
 
 
 @register_converter("QLinearMul", 1, MS)
@@ -87,7 +87,26 @@ def qlinear_mul(node: OnnxNode, ctx) -> Converted:
     + c_zp), the ratio in float32 in that order.
     """
     _check(node, ctx, (0, 2, 3, 5, 7))
-    return Converted(q.QLinearMul(), node.inputs)
+    return _binary(node, ctx, q.QLinearMul)
+
+
+def _binary(node: OnnxNode, ctx, module_type) -> Converted:
+    """QLinearAdd / QLinearMul: the scales and zero points folded into the module where they are constants."""
+    indices = (1, 2, 4, 5, 6, 7)
+    values = folded_constants(node, ctx, indices)
+    if values is None:
+        return Converted(module_type(), node.inputs)
+    return Converted(module_type(tuple(values)), without(node, indices))
+
+
+def _pool_parameters(node: OnnxNode, ctx) -> tuple[tuple | None, list[str | None]]:
+    """(x_scale, x_zp, y_scale, y_zp) of a quantized pooling where they are per-tensor constants, else None; and
+    the inputs the module then takes."""
+    indices = (1, 2, 3, 4)
+    values = folded_constants(node, ctx, indices)
+    if values is None or any(v is not None and v.numel() != 1 for v in values):
+        return None, list(node.inputs)
+    return tuple(values), without(node, indices)
 
 
 @register_converter("QLinearSigmoid", 1, MS)
@@ -130,7 +149,8 @@ def qlinear_global_average_pool(node: OnnxNode, ctx) -> Converted:
     rounded half to even, plus y_zp, saturated.
     """
     _check(node, ctx, (0, 2, 4))
-    return Converted(q.QLinearGlobalAveragePool(node.attr("channels_last", 0)), node.inputs)
+    parameters, inputs = _pool_parameters(node, ctx)
+    return Converted(q.QLinearGlobalAveragePool(node.attr("channels_last", 0), parameters), inputs)
 
 
 @register_converter("QLinearAveragePool", 1, MS)
@@ -149,11 +169,12 @@ def qlinear_average_pool(node: OnnxNode, ctx) -> Converted:
     auto_pad = node.attr("auto_pad", "NOTSET")
     if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
         raise node.unsupported("auto_pad", auto_pad)
+    parameters, inputs = _pool_parameters(node, ctx)
     module = q.QLinearAveragePool(kernel_shape, count_include_pad=node.attr("count_include_pad", 0),
                                   channels_last=node.attr("channels_last", 0), auto_pad=auto_pad,
                                   ceil_mode=node.attr("ceil_mode", 0), pads=node.attr("pads", None),
-                                  strides=node.attr("strides", None))
-    return Converted(module, node.inputs)
+                                  strides=node.attr("strides", None), parameters=parameters)
+    return Converted(module, inputs)
 
 
 @register_converter("QLinearSoftmax", 1, MS)
@@ -172,7 +193,12 @@ def qlinear_softmax(node: OnnxNode, ctx) -> Converted:
         raise node.unsupported("opset", None, "QLinearSoftmax needs the opset of the Softmax it stands for")
     axis = node.attr("axis", 1 if opset < 13 else -1)
     x_scale = ctx.constant(node.input(1))
-    return Converted(q.QLinearSoftmax(axis, opset, None if x_scale is None else float(x_scale.float())), node.inputs)
+    output = folded_constants(node, ctx, (3, 4))
+    if output is not None and any(v is not None and v.numel() != 1 for v in output):
+        output = None
+    module = q.QLinearSoftmax(axis, opset, None if x_scale is None else float(x_scale.float()),
+                              None if output is None else tuple(output))
+    return Converted(module, node.inputs if output is None else without(node, (3, 4)))
 
 
 @register_converter("QLinearConcat", 1, MS)
@@ -187,10 +213,15 @@ def qlinear_concat(node: OnnxNode, ctx) -> Converted:
                                "point) triples")
     names = [node.input(i) for i in range(len(node.inputs))]
     values = [ctx.constant(name) if name else None for name in names]
-    same = None
+    same = tables = None
     if all(v is not None for i, v in enumerate(values) if i < 2 or i % 3 != 2):  # the scales and zero points
         same = tuple(q.QLinearConcat.copies(*values[i:i + 2], *values[:2]) for i in range(3, len(values), 3))
-    return Converted(q.QLinearConcat(node.attr("axis"), same), node.inputs)
+        tables = tuple(q.QLinearConcat.table(*values[i:i + 2], *values[:2]) for i in range(3, len(values), 3))
+    if same is None or any(table is None and not copied for table, copied in zip(tables, same, strict=True)):
+        return Converted(q.QLinearConcat(node.attr("axis"), same), node.inputs)
+    # every input copied or requantized through its table: no scale or zero point at run time
+    folded_inputs = [name if i >= 2 and i % 3 == 2 else None for i, name in enumerate(node.inputs)]
+    return Converted(q.QLinearConcat(node.attr("axis"), same, tables), folded_inputs)
 
 
 @register_converter("QGemm", 1, MS)
@@ -203,8 +234,8 @@ def qgemm(node: OnnxNode, ctx) -> Converted:
     accumulator is rounded to float32, multiplied, rounded half to even and saturated.
     """
     _check(node, ctx, (0, 2, 3, 5, 8))
-    module = q.QGemm(float(node.attr("alpha", 1.0)), node.attr("transA", 0), node.attr("transB", 0))
-    return Converted(module, node.inputs)
+    return folded(node, ctx, q.QGemm, q.QGemm.FOLDED, alpha=float(node.attr("alpha", 1.0)),
+                  transA=node.attr("transA", 0), transB=node.attr("transB", 0))
 
 
 _LSTM_QUANTIZED = MappingProxyType({"W": 1, "R": 2, "W_scale": 8, "W_zero_point": 9, "R_scale": 10, "R_zero_point": 11})

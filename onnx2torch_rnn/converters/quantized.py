@@ -31,6 +31,31 @@ def checked_type(node: OnnxNode, ctx, index: int, allowed=QUANTIZED_TYPES, name:
     return dtype
 
 
+def folded_constants(node: OnnxNode, ctx, indices) -> list | None:
+    """The values of the inputs at ``indices`` when each present one is a constant (None for an absent one), else
+    None: what a QLinear module folds into itself at conversion (scales, zero points, weights)."""
+    values = [ctx.constant(node.input(i)) if node.input(i) else None for i in indices]
+    if any(node.input(i) and value is None for i, value in zip(indices, values, strict=True)):
+        return None
+    return values
+
+
+def without(node: OnnxNode, indices) -> list[str | None]:
+    """The node's inputs with those at ``indices`` (folded into the module) passed as None."""
+    return [None if i in indices else name for i, name in enumerate(node.inputs)]
+
+
+def folded(node: OnnxNode, ctx, module_type, names: tuple[str, ...], first: int = 1, **attributes) -> Converted:
+    """A QLinear module (modules/quantized.py's _Folded) with its constant inputs ``names`` (inputs ``first`` on)
+    folded in when all of them are constants; else every input at run time."""
+    indices = range(first, first + len(names))
+    values = folded_constants(node, ctx, indices)
+    if values is None:
+        return Converted(module_type(**attributes), node.inputs)
+    return Converted(module_type(constants=dict(zip(names, values, strict=True)), **attributes),
+                     without(node, indices))
+
+
 def _output_dtype(node: OnnxNode) -> torch.dtype | None:
     code = node.attr("output_dtype", 0) if node.version >= 21 else 0
     if not code:
@@ -135,7 +160,7 @@ def qlinear_matmul(node: OnnxNode, ctx) -> Converted:
     """
     for index in (0, 2, 3, 5, 7):
         checked_type(node, ctx, index, (torch.int8, torch.uint8))
-    return Converted(q.QLinearMatMul(), node.inputs)
+    return folded(node, ctx, q.QLinearMatMul, q.QLinearMatMul.FOLDED)
 
 
 @register_converter("QLinearConv", 10)
@@ -148,4 +173,4 @@ def qlinear_conv(node: OnnxNode, ctx) -> Converted:
     """
     for index in (0, 2, 3, 5, 7):
         checked_type(node, ctx, index, (torch.int8, torch.uint8))
-    return Converted(q.QLinearConv(**_conv_attributes(node)), node.inputs)
+    return folded(node, ctx, q.QLinearConv, q.QLinearConv.FOLDED, **_conv_attributes(node))

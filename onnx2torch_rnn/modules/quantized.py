@@ -11,6 +11,7 @@ exactly in float64 and rounds once more to float32.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from types import MappingProxyType
@@ -28,7 +29,8 @@ from ..torch_compat import buffer_dict, parameter_dict
 from .common import Module, attributes_repr
 from .nn import AveragePool, Conv, _window_counts, pad
 
-_NATIVE = torch.ops.onnx2torch_rnn  # the native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp)
+_NATIVE = torch.ops.onnx2torch_rnn  # the native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp, qlinear.cpp)
+BYTES = (torch.uint8, torch.int8)
 
 
 def integer_range(dtype: torch.dtype) -> tuple[int, int]:
@@ -73,10 +75,13 @@ def requantize(acc: Tensor, multiplier: Tensor, zero_point: Tensor | None, dtype
     return saturate(value if zero_point is None else value + as_float(zero_point), dtype)
 
 
-def fma(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+def fma(a: Tensor | float, b: Tensor | float, c: Tensor | float) -> Tensor:
     """float32(a * b + c) with one rounding, as an FMA instruction: the product of two float32 values is exact in
-    float64 (double rounding of the sum is possible but needs a 29-bit coincidence)."""
-    return (a.double() * b.double() + c.double()).float()
+    float64 (double rounding of the sum is possible but needs a 29-bit coincidence). Python floats are float32
+    values here (folded constants)."""
+    def wide(v):
+        return v.double() if isinstance(v, Tensor) else v
+    return (wide(a) * wide(b) + wide(c)).float()
 
 
 def shifted(q: Tensor, zero_point: Tensor | None, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -293,26 +298,101 @@ class ConvInteger(Conv):
         return integer_conv(self, x, w, x_zero_point, w_zero_point).to(torch.int32) if acc is None else acc
 
 
-class QLinearMatMul(Module):
+def native_requantize(acc: Tensor, multiplier: Tensor, bias: Tensor | None, zero_point: Tensor | int | None,
+                      dtype: torch.dtype, inner: int) -> Tensor | None:
+    """``requantize`` of an int32 accumulator (plus an int32 bias, added first, wrapping) by the native kernel's
+    requantize (recurrent/kernel/qlinear.cpp) where it takes it: multiplier and bias one value or one per run of
+    ``inner`` outputs (per channel of a convolution, per column of a product), a single zero point; else None."""
+    if not (acc.dtype == torch.int32 and dtype in BYTES and multiplier.dtype == torch.float32 and native(acc)
+            and (zero_point is None or isinstance(zero_point, int) or zero_point.numel() == 1)
+            and (bias is None or bias.dtype == torch.int32)):
+        return None
+    zero = zero_point if isinstance(zero_point, int) else 0 if zero_point is None else int(zero_point)
+    bias = None if bias is None else bias.reshape(-1)
+    return _NATIVE.requantize.default(acc.contiguous(), multiplier.reshape(-1), bias, zero, dtype, inner)
+
+
+class _Folded(Module):
+    """A QLinear module whose constant inputs the converter folded into buffers (``FOLDED``, by forward argument
+    name; None where a folded input is absent) plus the requantization multiplier and the output zero point as an
+    int, computed once; the converter then passes None for those inputs."""
+
+    FOLDED: tuple[str, ...] = ()
+
+    def fold(self, constants: dict[str, Tensor | None] | None, multiplier) -> None:
+        self.folded = constants is not None
+        for name in self.FOLDED:
+            self.register_buffer(name, None if constants is None else constants[name])
+        self.register_buffer("multiplier", None if constants is None else multiplier(**constants))
+        zero_point = None if constants is None else constants["y_zero_point"]
+        self.y_zero = None if zero_point is None else int(zero_point)
+
+    def folded_values(self, given: dict) -> tuple[dict, Tensor | None, int | Tensor | None]:
+        """(inputs by name, multiplier, output zero point) from the buffers when folded, else as given."""
+        if not self.folded:
+            return given, None, given.get("y_zero_point")
+        buffers = buffer_dict(self)
+        return {**given, **{name: buffers[name] for name in self.FOLDED}}, buffers["multiplier"], self.y_zero
+
+
+def _matmul_multiplier(a_scale, b_scale, y_scale, **_):
+    return as_float(a_scale) * as_float(b_scale) / as_float(y_scale)
+
+
+class QLinearMatMul(_Folded):
     """ONNX QLinearMatMul: exact integer product, requantized with a_scale * b_scale / y_scale (float32)."""
 
-    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
-        acc = integer_matmul(a, b, a_zero_point, b_zero_point)
-        multiplier = as_float(a_scale) * as_float(b_scale) / as_float(y_scale)
-        return requantize(acc, multiplier, y_zero_point, y_zero_point.dtype)
+    FOLDED = ("a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "y_scale", "y_zero_point")
+
+    def __init__(self, constants: dict[str, Tensor | None] | None = None):
+        super().__init__()
+        self.fold(constants, _matmul_multiplier)
+
+    def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, y_scale=None,
+                y_zero_point=None):
+        v, multiplier, zero = self.folded_values(dict(a_scale=a_scale, a_zero_point=a_zero_point, b=b,
+                                                      b_scale=b_scale, b_zero_point=b_zero_point, y_scale=y_scale,
+                                                      y_zero_point=y_zero_point))
+        multiplier = _matmul_multiplier(**v) if multiplier is None else multiplier
+        acc = integer_matmul(a, v["b"], v["a_zero_point"], v["b_zero_point"])
+        dtype = v["y_zero_point"].dtype
+        if multiplier.numel() in (1, acc.shape[-1]) and acc.dim() >= 1 and (
+                y := native_requantize(acc, multiplier, None, zero, dtype, 1)) is not None:
+            return y
+        return requantize(acc, multiplier, v["y_zero_point"], dtype)
 
 
-class QLinearConv(Conv):
+def _conv_multiplier(x_scale, w_scale, y_scale, **_):
+    return as_float(x_scale) * as_float(w_scale) / as_float(y_scale)
+
+
+class QLinearConv(Conv, _Folded):
     """ONNX QLinearConv: exact integer convolution plus the int32 bias, requantized per output channel with
     x_scale * w_scale / y_scale (float32)."""
 
-    def forward(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None):
-        acc = native_conv(self, x, w, x_zero_point, w_zero_point)  # int32, + the int32 bias as onnxruntime adds it
-        acc = integer_conv(self, x, w, x_zero_point, w_zero_point).double() if acc is None else acc
-        if B is not None:
+    FOLDED = ("x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B")
+
+    def __init__(self, constants: dict[str, Tensor | None] | None = None, **attributes):
+        super().__init__(**attributes)
+        self.fold(constants, _conv_multiplier)
+
+    def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
+                y_zero_point=None, B=None):
+        v, multiplier, zero = self.folded_values(dict(x_scale=x_scale, x_zero_point=x_zero_point, w=w,
+                                                      w_scale=w_scale, w_zero_point=w_zero_point, y_scale=y_scale,
+                                                      y_zero_point=y_zero_point, B=B))
+        multiplier = _conv_multiplier(**v) if multiplier is None else multiplier
+        w, B, dtype = v["w"], v["B"], v["y_zero_point"].dtype
+        acc = native_conv(self, x, w, v["x_zero_point"], v["w_zero_point"])  # int32
+        if acc is not None:
+            y = native_requantize(acc, multiplier, B, zero, dtype, math.prod(acc.shape[2:]))
+            if y is not None:
+                return y
+        else:
+            acc = integer_conv(self, x, w, v["x_zero_point"], v["w_zero_point"]).double()
+        if B is not None:  # + the int32 bias as onnxruntime adds it
             acc = acc + _channel(B.to(acc.dtype), acc.dim())
-        multiplier = _channel(as_float(x_scale) * as_float(w_scale) / as_float(y_scale), acc.dim())
-        return requantize(acc, multiplier, y_zero_point, y_zero_point.dtype)
+        return requantize(acc, _channel(multiplier, acc.dim()), v["y_zero_point"], dtype)
 
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops
@@ -430,37 +510,120 @@ def _repeats_innermost(x: Tensor, shape: torch.Size) -> bool:
     return len(shape) > 0 and shape[-1] > 1 and (x.dim() == 0 or x.shape[-1] == 1)
 
 
+def broadcast_map(shape: torch.Size, full: torch.Size) -> list[int] | None:
+    """[div, mod] such that an operand of ``shape`` broadcast to ``full`` holds output element i (row-major) at its
+    flat index (i // div) % mod: its axes other than 1 form one block equal to full's (the native binary ops' form
+    of broadcasting); None otherwise."""
+    dims = [1] * (len(full) - len(shape)) + list(shape)
+    kept = [axis for axis, size in enumerate(dims) if size != 1]
+    if not kept:
+        return [1, 1]
+    first, last = kept[0], kept[-1]
+    if dims[first:last + 1] != list(full[first:last + 1]):
+        return None
+    return [math.prod(full[last + 1:]) or 1, math.prod(dims)]
+
+
+def broadcast_shape(a: torch.Size, b: torch.Size) -> torch.Size:
+    """numpy's broadcast of two shapes (torch.broadcast_shapes, which costs a small node's time in eager calls)."""
+    if a == b or torch.compiler.is_compiling():
+        return a if a == b else torch.broadcast_shapes(a, b)
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
+    if any(p != q and p != 1 and q != 1 for p, q in zip(a, b, strict=True)):
+        raise ValueError(f"shapes {list(a)} and {list(b)} do not broadcast")
+    return torch.Size(q if p == 1 else p for p, q in zip(a, b, strict=True))
+
+
+def _native_binary(x: Tensor, y: Tensor, shape: torch.Size) -> bool:
+    """Whether the native kernel's binary QLinear ops take these operands (``broadcast_map`` of each)."""
+    if x.dtype not in BYTES or x.dtype != y.dtype or not native(x, y):
+        return False
+    if x.shape == y.shape or x.numel() == 1 or y.numel() == 1:
+        return math.prod(shape) > 0
+    return math.prod(shape) > 0 and None not in (broadcast_map(x.shape, shape), broadcast_map(y.shape, shape))
+
+
+def _add_terms(x_scale, x_zero_point, y_scale, y_zero_point, c_scale, c_zero_point):
+    """(x_ratio, y_ratio, offset) of MLAS's QLinearAdd for the vector operand x and the other one y."""
+    x_ratio, y_ratio = x_scale.float() / c_scale.float(), y_scale.float() / c_scale.float()
+    # the C++ expression r_x * x_zp + r_y * y_zp, as the release build's compiler contracts it
+    offset = fma(x_ratio, torch.as_tensor(_zero(x_zero_point)), y_ratio * _zero(y_zero_point))
+    return x_ratio, y_ratio, _zero(c_zero_point) - offset
+
+
 class QLinearAdd(Module):
     """com.microsoft QLinearAdd as MLAS's AVX2 kernel computes it, for the vector operand x and the other operand y
     (a, unless a is a scalar within onnxruntime's broadcast spans): with r = scale / c_scale per operand,
-    f = c_zp - fma(r_x, x_zp, r_y * y_zp) and c = convert(fma(x, r_x, fma(y, r_y, f))) on the raw values."""
+    f = c_zp - fma(r_x, x_zp, r_y * y_zp) and c = convert(fma(x, r_x, fma(y, r_y, f))) on the raw values.
+    ``parameters`` (a_scale, a_zp, b_scale, b_zp, c_scale, c_zp), when the converter knows them: the terms are then
+    computed once per operand order (as Python floats: float32 values), and forward's parameters are None."""
 
-    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
-        shape = torch.broadcast_shapes(a.shape, b.shape)
-        x, y = (a, a_scale, a_zero_point), (b, b_scale, b_zero_point)
-        if _repeats_innermost(a, shape) and not _repeats_innermost(b, shape):
-            x, y = y, x  # onnxruntime hands MLAS the vector first
-        (x, x_scale, x_zero_point), (y, y_scale, y_zero_point) = x, y
-        x_ratio, y_ratio = x_scale.float() / c_scale.float(), y_scale.float() / c_scale.float()
-        # the C++ expression r_x * x_zp + r_y * y_zp, as the release build's compiler contracts it
-        offset = fma(x_ratio, torch.as_tensor(_zero(x_zero_point)), y_ratio * _zero(y_zero_point))
-        value = fma(x.float(), x_ratio, fma(y.float(), y_ratio, _zero(c_zero_point) - offset))
+    def __init__(self, parameters: tuple | None = None):
+        super().__init__()
+        self.terms = None
+        if parameters is not None:
+            a, b, c = parameters[:2], parameters[2:4], parameters[4:]
+            self.terms = tuple(tuple(float(t) for t in _add_terms(*x, *y, *c)) for x, y in ((a, b), (b, a)))
+
+    def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c_scale=None,
+                c_zero_point=None):
+        shape = broadcast_shape(a.shape, b.shape)
+        swap = _repeats_innermost(a, shape) and not _repeats_innermost(b, shape)  # onnxruntime hands MLAS the vector
+        x, y = (b, a) if swap else (a, b)
+        if self.terms is not None:
+            terms = self.terms[swap]
+        else:
+            given = ((a_scale, a_zero_point), (b_scale, b_zero_point))
+            terms = _add_terms(*given[swap], *given[not swap], c_scale, c_zero_point)
+        if _native_binary(x, y, shape):
+            return _NATIVE.qlinear_add.default(x.contiguous(), y.contiguous(), *map(float, terms))
+        x_ratio, y_ratio, offset = terms
+        value = fma(x.float(), x_ratio, fma(y.float(), y_ratio, offset))
         return convert_and_pack(value.expand(shape), a.dtype)
+
+
+def _mul_terms(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point):
+    """(a_zp, b_zp, ratio, c_zp) of MLAS's QLinearMul, the ratio a_scale * b_scale / c_scale in float32."""
+    ratio = a_scale.float() * b_scale.float() / c_scale.float()
+    return _zero(a_zero_point), _zero(b_zero_point), ratio, _zero(c_zero_point)
 
 
 class QLinearMul(Module):
     """com.microsoft QLinearMul as MLAS's SSE2 kernel computes it: c = convert(float32((a - a_zp) * (b - b_zp)) *
-    (a_scale * b_scale / c_scale) + c_zp), the zero point added in float32 before rounding."""
+    (a_scale * b_scale / c_scale) + c_zp), the zero point added in float32 before rounding. ``parameters`` as
+    QLinearAdd's: the terms then computed once."""
 
-    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
-        ratio = a_scale.float() * b_scale.float() / c_scale.float()
-        product = (a.float() - _zero(a_zero_point)) * (b.float() - _zero(b_zero_point))  # exact in float32
-        return convert_and_pack(product * ratio + _zero(c_zero_point), a.dtype)
+    def __init__(self, parameters: tuple | None = None):
+        super().__init__()
+        self.terms = None
+        if parameters is not None:
+            a_zero, b_zero, ratio, c_zero = _mul_terms(*parameters)
+            self.terms = (int(a_zero), int(b_zero), float(ratio), int(c_zero))
+
+    def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c_scale=None,
+                c_zero_point=None):
+        terms = self.terms or _mul_terms(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point)
+        shape = broadcast_shape(a.shape, b.shape)
+        if _native_binary(a, b, shape):
+            a_zero, b_zero, ratio, c_zero = terms
+            return _NATIVE.qlinear_mul.default(a.contiguous(), b.contiguous(), int(a_zero), int(b_zero), float(ratio),
+                                               int(c_zero))
+        a_zero, b_zero, ratio, c_zero = terms
+        product = (a.float() - a_zero) * (b.float() - b_zero)  # exact in float32
+        return convert_and_pack(product * ratio + c_zero, a.dtype)
 
 
 def _zero(zero_point: Tensor | None) -> Tensor | float:
     """A zero point as float32 (exact for 8 and 16 bits), 0 when absent."""
     return 0.0 if zero_point is None else as_float(zero_point)
+
+
+def lookup(x: Tensor, table: Tensor) -> Tensor:
+    """table[x - lowest] for 8-bit x and a table of 256 values (the native kernel's qlinear_lookup where it runs)."""
+    if x.dtype in BYTES and table.dtype in BYTES and native(x, table):
+        return _NATIVE.qlinear_lookup.default(x.contiguous(), table)
+    return table[x.long() - integer_range(x.dtype)[0]]
 
 
 class QLinearLookup(Module):
@@ -488,21 +651,46 @@ class QLinearLookup(Module):
         table = self.constant_table
         if table is None or table.dtype != x.dtype:
             table = self.table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point)
-        return table[x.long() - integer_range(x.dtype)[0]]
+        return lookup(x, table)
 
     def extra_repr(self) -> str:
         return attributes_repr(self, ["function", "alpha"])
 
 
+def _parameters(scale: Tensor | None, zero_point: Tensor | None) -> tuple[float, int]:
+    """A per-tensor scale and zero point as numbers (a float32 value, an int; 1 and 0 when absent)."""
+    return 1.0 if scale is None else float(scale), 0 if zero_point is None else int(zero_point)
+
+
+def _stacked(parameters: tuple | None) -> Tensor | None:
+    """Per-tensor (scale, zero point, ...) as one float32 buffer (exact for 8-bit zero points; absent ones 0)."""
+    if parameters is None:
+        return None
+    return torch.stack([torch.as_tensor(0 if p is None else p, dtype=torch.float32).reshape(()) for p in parameters])
+
+
+def _per_tensor_parameters(*values: Tensor | None) -> bool:
+    return all(v is None or v.numel() == 1 for v in values)
+
+
 class QLinearGlobalAveragePool(Module):
     """com.microsoft QLinearGlobalAveragePool as MLAS computes it: the integer sum over the image minus x_zp times
-    its size, times x_scale / (y_scale * size) in float32, rounded, plus y_zp, saturated."""
+    its size, times x_scale / (y_scale * size) in float32, rounded, plus y_zp, saturated. ``parameters`` (x_scale,
+    x_zp, y_scale, y_zp) when the converter knows them: forward's are then None."""
 
-    def __init__(self, channels_last: int = 0):
+    def __init__(self, channels_last: int = 0, parameters: tuple | None = None):
         super().__init__()
         self.channels_last = channels_last
+        self.register_buffer("quantization", _stacked(parameters))
+        self.numbers = None if parameters is None else (*_parameters(*parameters[:2]), *_parameters(*parameters[2:]))
 
-    def forward(self, x, x_scale, x_zero_point, y_scale, y_zero_point):
+    def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
+        if self.quantization is not None:
+            x_scale, x_zero_point, y_scale, y_zero_point = self.quantization.unbind()
+        if x.dtype in BYTES and x.dim() >= 3 and native(x) and _per_tensor_parameters(x_scale, x_zero_point,
+                                                                                     y_scale, y_zero_point):
+            numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
+            return _NATIVE.qlinear_global_average_pool.default(x.contiguous(), *numbers, bool(self.channels_last))
         axes = list(range(1, x.dim() - 1)) if self.channels_last else list(range(2, x.dim()))
         size = 1
         for axis in axes:
@@ -518,19 +706,31 @@ class QLinearGlobalAveragePool(Module):
 class QLinearAveragePool(AveragePool):
     """com.microsoft QLinearAveragePool as onnxruntime computes it: the input dequantized (float32), each window
     summed tap by tap in row-major order, divided by its count (the whole kernel with count_include_pad), then
-    saturate(round_half_even(y / y_scale + y_zp)) (the zero point added before rounding)."""
+    saturate(round_half_even(y / y_scale + y_zp)) (the zero point added before rounding). ``parameters`` as
+    QLinearGlobalAveragePool's."""
 
     EXTRA = ("count_include_pad", "channels_last")
 
-    def __init__(self, kernel_shape, count_include_pad=0, channels_last=0, **attributes):
+    def __init__(self, kernel_shape, count_include_pad=0, channels_last=0, parameters: tuple | None = None,
+                 **attributes):
         super().__init__(kernel_shape, count_include_pad, **attributes)
         self.channels_last = channels_last
+        self.register_buffer("quantization", _stacked(parameters))
+        self.numbers = None if parameters is None else (*_parameters(*parameters[:2]), *_parameters(*parameters[2:]))
 
-    def forward(self, x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+    def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
+        if self.quantization is not None:
+            x_scale, x_zero_point, y_scale, y_zero_point = self.quantization.unbind()
         dtype = x.dtype
         if self.channels_last:
             x = x.movedim(-1, 1)
         geometry, strides, _, begins, ends = self._geometry(x)
+        if dtype in BYTES and 3 <= x.dim() <= 5 and native(x) and _per_tensor_parameters(x_scale, x_zero_point,
+                                                                                        y_scale, y_zero_point):
+            numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
+            y = _NATIVE.qlinear_average_pool.default(x.contiguous(), self.kernel_shape, strides, begins,
+                                             [out for _, _, out in geometry], *numbers, bool(self.count_include_pad))
+            return y.movedim(1, -1) if self.channels_last else y
         padded = pad(dequantize(x, x_scale, x_zero_point), [0, 0, *begins], [0, 0, *ends])
         total = None
         for offsets in itertools.product(*(range(k) for k in self.kernel_shape)):  # onnxruntime's summation order
@@ -553,12 +753,15 @@ class QLinearSoftmax(Module):
     x_scale) (in double, shift keeping the sum below FLT_MAX), each row looked up relative to its maximum and summed
     in order in float32, then saturate(round_half_even(table * floor(1 / y_scale) / sum) + y_zp). ``opset`` < 13
     reduces over all axes from ``axis`` on, 13 and later over ``axis`` only. ``x_scale``: given by the converter where
-    it is a constant; the tables (one per row length and type) are then built once, else on each call."""
+    it is a constant; the tables (one per row length and type) are then built once, else on each call. ``output``
+    (y_scale, y_zp) when the converter knows them: forward's are then None."""
 
-    def __init__(self, axis: int, opset: int, x_scale: float | None = None):
+    def __init__(self, axis: int, opset: int, x_scale: float | None = None, output: tuple | None = None):
         super().__init__()
         self.axis, self.opset, self.x_scale = axis, opset, x_scale
         self.tables: dict[tuple[int, bool], Tensor] = {}
+        self.register_buffer("quantization", _stacked(output))
+        self.numbers = None if output is None else (float(_inverse(output[0])), _parameters(*output)[1])
 
     def table(self, x_scale: float, size: int, signed: bool) -> Tensor:
         float_max = np.float32(np.finfo(np.float32).max)
@@ -567,7 +770,9 @@ class QLinearSoftmax(Module):
         table = torch.tensor(values, dtype=torch.float64).float()
         return torch.roll(table, -128) if signed else table  # the int8 table is indexed by uint8(q + 127 - max)
 
-    def forward(self, x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+    def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
+        if self.quantization is not None:
+            y_scale, y_zero_point = self.quantization.unbind()
         axis = self.axis % x.dim()
         rows = x.movedim(axis, -1) if self.opset >= 13 else x.reshape(*x.shape[:axis], -1)
         signed = x.dtype == torch.int8
@@ -577,63 +782,115 @@ class QLinearSoftmax(Module):
             if self.x_scale is not None and not torch.compiler.is_compiling():  # no attribute set while tracing
                 self.tables[key] = table
         table = table.to(x.device)
+        if (x.dtype in BYTES and rows.numel() and (self.opset < 13 or axis == x.dim() - 1) and native(x)
+                and _per_tensor_parameters(y_scale, y_zero_point)):
+            numbers = self.numbers or (float(_inverse(y_scale)), _parameters(y_scale, y_zero_point)[1])
+            y = _NATIVE.qlinear_softmax.default(rows.reshape(-1, rows.shape[-1]).contiguous(), table, *numbers)
+            return y.reshape(x.shape)
         top = (255 if not signed else 127) - rows.amax(-1, keepdim=True).long()
         values = table[(rows.long() + top) & 0xFF]
         total = values[..., 0]
         for k in range(1, values.shape[-1]):  # summed in order, in float32
             total = total + values[..., k]
-        inverse = torch.floor(1 / y_scale.float())
-        y = saturate(torch.round(values * inverse / total[..., None]) + _zero(y_zero_point), x.dtype)
+        y = saturate(torch.round(values * _inverse(y_scale) / total[..., None]) + _zero(y_zero_point), x.dtype)
         return y.movedim(-1, axis) if self.opset >= 13 else y.reshape(x.shape)
 
     def extra_repr(self) -> str:
         return f"axis={self.axis}, opset={self.opset}"
 
 
+def _inverse(y_scale: Tensor) -> Tensor:
+    """floor(1 / y_scale) in float32 (QLinearSoftmax's output multiplier)."""
+    return torch.floor(1 / y_scale.float())
+
+
 class QLinearConcat(Module):
     """com.microsoft QLinearConcat: each input requantized to the output's scale and zero point through
     onnxruntime's table, quantize(x_scale * (q - x_zp)), or copied when its scale and zero point are the output's.
     ``same``: that decision per input, made by the converter where the scales and zero points are constants (no
-    data-dependent branch then: torch.export works), else compared on each call."""
+    data-dependent branch then: torch.export works), else compared on each call. ``tables``: per input, where the
+    converter knows them, the 256 values of that requantization (None for a copied input)."""
 
-    def __init__(self, axis: int, same: tuple[bool, ...] | None = None):
+    def __init__(self, axis: int, same: tuple[bool, ...] | None = None, tables: tuple | None = None):
         super().__init__()
         self.axis, self.same = axis, same
+        self.count = 0 if tables is None else len(tables)
+        for index, table in enumerate(tables or ()):
+            self.register_buffer(f"table_{index}", table)
 
     @staticmethod
     def copies(x_scale, x_zero_point, y_scale, y_zero_point) -> bool:
         """Whether onnxruntime copies the input: its scale and zero point are the output's."""
         return bool((x_scale == y_scale).all()) and bool((x_zero_point == y_zero_point).all())
 
+    @staticmethod
+    def table(x_scale, x_zero_point, y_scale, y_zero_point) -> Tensor | None:
+        """The requantization of every 8-bit value (per-tensor parameters; the type is x's zero point's), else None
+        (run-time parameters, or the input is copied)."""
+        values = (x_scale, x_zero_point, y_scale, y_zero_point)
+        if any(v is None or v.numel() != 1 for v in values) or x_zero_point.dtype not in BYTES or QLinearConcat.copies(
+                *values):
+            return None
+        low, high = integer_range(x_zero_point.dtype)
+        q = torch.arange(low, high + 1, dtype=torch.int32)
+        return quantize(dequantize(q, x_scale, x_zero_point), y_scale, y_zero_point, x_zero_point.dtype)
+
     def forward(self, y_scale, y_zero_point, *tuples):
-        parts = []
+        parts, buffers = [], buffer_dict(self)
         for index, (x, x_scale, x_zero_point) in enumerate(zip(tuples[::3], tuples[1::3], tuples[2::3], strict=True)):
             same = self.same[index] if self.same is not None else self.copies(x_scale, x_zero_point, y_scale,
                                                                                y_zero_point)
-            parts.append(x if same else quantize(dequantize(x, x_scale, x_zero_point), y_scale, y_zero_point,
-                                                 x.dtype))
+            table = buffers[f"table_{index}"] if index < self.count else None
+            if same:
+                parts.append(x)
+            elif table is not None and table.dtype == x.dtype:
+                parts.append(lookup(x, table))
+            else:
+                parts.append(quantize(dequantize(x, x_scale, x_zero_point), y_scale, y_zero_point, x.dtype))
         return torch.cat(parts, self.axis)
 
     def extra_repr(self) -> str:
         return f"axis={self.axis}" + ("" if self.same is None else f", same={self.same}")
 
 
-class QGemm(Module):
-    """com.microsoft QGemm: int32 C plus the exact integer product of op(A) and op(B), scaled by alpha * a_scale *
-    b_scale (per column of B or not), divided by y_scale and requantized when y's zero point is given, else float."""
+def _gemm_multiplier(alpha: float, a_scale, b_scale, y_scale=None, **_):
+    multiplier = torch.tensor(alpha, dtype=torch.float32) * a_scale.float() * b_scale.float()
+    return multiplier if y_scale is None else multiplier / y_scale.float()
 
-    def __init__(self, alpha: float = 1.0, transA: int = 0, transB: int = 0):
+
+class QGemm(_Folded):
+    """com.microsoft QGemm: int32 C plus the exact integer product of op(A) and op(B), scaled by alpha * a_scale *
+    b_scale (per column of B or not), divided by y_scale and requantized when y's zero point is given, else float.
+    ``constants`` (FOLDED) when the converter knows them, B then stored as op(B)."""
+
+    FOLDED = ("a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "c", "y_scale", "y_zero_point")
+
+    def __init__(self, alpha: float = 1.0, transA: int = 0, transB: int = 0,
+                 constants: dict[str, Tensor | None] | None = None):
         super().__init__()
         self.alpha, self.transA, self.transB = alpha, transA, transB
+        if constants is not None and transB:  # op(B) once (the native product keeps its packing per tensor)
+            constants = {**constants, "b": constants["b"].t().contiguous()}
+        self.fold(constants, functools.partial(_gemm_multiplier, alpha))
 
-    def forward(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None):
-        a, b = (a.t() if self.transA else a), (b.t() if self.transB else b)
-        acc = integer_matmul(a, b, a_zero_point, b_zero_point)
+    def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c=None,
+                y_scale=None, y_zero_point=None):
+        v, multiplier, zero = self.folded_values(dict(a_scale=a_scale, a_zero_point=a_zero_point, b=b,
+                                                      b_scale=b_scale, b_zero_point=b_zero_point, c=c,
+                                                      y_scale=y_scale, y_zero_point=y_zero_point))
+        multiplier = _gemm_multiplier(self.alpha, **v) if multiplier is None else multiplier
+        a, b, c, y_zero_point = (a.t() if self.transA else a), v["b"], v["c"], v["y_zero_point"]
+        b = b.t() if self.transB and not self.folded else b
+        acc = integer_matmul(a, b, v["a_zero_point"], v["b_zero_point"])
+        if y_zero_point is not None and multiplier.numel() in (1, acc.shape[-1]):
+            # C as the bias of each column, else added first (int32 as onnxruntime's accumulator)
+            per_column = c is None or c.numel() == 1 or (c.dim() >= 1 and c.numel() == c.shape[-1])
+            total = acc if per_column or c.dtype != torch.int32 else acc + c
+            y = native_requantize(total, multiplier, c if per_column else None, zero, y_zero_point.dtype, 1)
+            if y is not None:
+                return y
         if c is not None:
             acc = acc + c.double()
-        multiplier = torch.tensor(self.alpha, dtype=torch.float32) * a_scale.float() * b_scale.float()
-        if y_scale is not None:
-            multiplier = multiplier / y_scale.float()
         if y_zero_point is None:
             return scale_bias(acc, multiplier, None)
         return requantize(acc, multiplier, y_zero_point, y_zero_point.dtype)

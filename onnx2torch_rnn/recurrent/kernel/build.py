@@ -11,7 +11,7 @@ import re
 
 # compiled into the library, each into every variant: add a new .cpp file here
 SOURCES = ("recurrent.cpp", "dynamic_quantize_lstm.cpp", "quantized_ops.cpp", "conv_integer.cpp",
-           "quantize_linear.cpp")
+           "quantize_linear.cpp", "qlinear.cpp")
 HEADERS = ("config.h", "vec.h", "int8.h")  # included by them: they count in the first-use build's name, ship in wheels
 # -fopenmp: at::parallel_for is inline OpenMP code, serial without it; the OpenMP runtime it binds to at load time
 # is the libgomp.so.1 torch has already loaded (same soname), so there is one thread pool.

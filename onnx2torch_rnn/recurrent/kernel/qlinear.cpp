@@ -1,0 +1,375 @@
+// onnxruntime's QLinear* arithmetic on 8-bit tensors on the CPU, for eager inference: one op per node instead of the
+// 5-20 torch ops of their Python implementations in modules/quantized.py, which are the reference (same numbers, bit
+// for bit) and run everywhere else (other devices, torch.compile, torch.export, no kernel). Python has checked the
+// dtypes (uint8 or int8 data, float32 multipliers and tables, int32 accumulators), the shapes and the contiguity, and
+// passes the scales and zero points as numbers.
+//
+//   requantize(Tensor acc, Tensor multiplier, Tensor? bias, int zero_point, ScalarType dtype, int inner) -> Tensor
+//       MlasRequantizeOutput: saturate(round_half_even(float32(acc + bias[g % B]) * multiplier[g % M]) + zero_point)
+//       for g = i / inner, B and M the lengths of bias and multiplier (per channel, per column or one value); the
+//       int32 sum wraps
+//   qlinear_add(Tensor x, Tensor y, float x_ratio, float y_ratio, float offset) -> Tensor
+//       MLAS's QLinearAdd: convert(fma(x, x_ratio, fma(y, y_ratio, offset))) on the raw values, numpy broadcasting
+//       where each operand's axes other than 1 are one block of the output's (Python checks: broadcast_map)
+//   qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor
+//       MLAS's QLinearMul: convert(float32((a - a_zero) * (b - b_zero)) * ratio + c_zero), broadcast as qlinear_add
+//   qlinear_lookup(Tensor x, Tensor table) -> Tensor          table[x - lowest] (256 values of the output type)
+//   qlinear_average_pool(Tensor x, int[] kernel, int[] strides, int[] begins, int[] out, float x_scale, int x_zero,
+//                        float y_scale, int y_zero, bool count_include_pad) -> Tensor
+//       x [N, C, 1-3 spatial]: each window's dequantized taps summed in row-major order in float32 (taps in the
+//       padding skipped: they add +0), divided by its count, by y_scale, plus y_zero, rounded, saturated
+//   qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero,
+//                               bool channels_last) -> Tensor
+//       float32(Σ (x - x_zero)) * (x_scale / (y_scale * size)), rounded, plus y_zero, saturated; [N, C, 1, ...]
+//       ([N, 1, ..., C] channels last)
+//   qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor
+//       rows [R, L]: v = table[(q + top - max(row)) & 0xFF] (top 255, or 127 for int8), Σ v in order in float32,
+//       saturate(round_half_even(v * inverse / Σ) + y_zero)
+//
+// "convert" is MLAS's cvtps2dq and saturating packs: NaN and values past the int32 range give the lowest value.
+// Float operations round one by one as in the Python reference (contraction off below), the fused ones explicit.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace onnx2torch_rnn {
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // elements per task
+
+// Every output of this file is allocated here (the stable-ABI port changes this one place).
+at::Tensor output(at::IntArrayRef sizes, at::ScalarType dtype) { return at::empty(sizes, at::TensorOptions().dtype(dtype)); }
+
+bool signed_bytes(const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kByte || t.scalar_type() == at::kChar, "qlinear: uint8 or int8 expected, "
+                    "got ", t.scalar_type());
+  return t.scalar_type() == at::kChar;
+}
+
+// Calls f with a value of the 8-bit type of `dtype` (for its type).
+template <typename Fn>
+void with_type(at::ScalarType dtype, Fn&& f) {
+  if (dtype == at::kChar) {
+    f(int8_t{});
+  } else {
+    TORCH_CHECK_VALUE(dtype == at::kByte, "qlinear: uint8 or int8 expected, got ", dtype);
+    f(uint8_t{});
+  }
+}
+
+// round half to even, saturated, NaN to the lowest value (a value already rounded may come in)
+template <typename T>
+T saturate(float value) {
+  constexpr float low = std::numeric_limits<T>::min(), high = std::numeric_limits<T>::max();
+  return static_cast<T>(std::isnan(value) ? low : std::min(std::max(value, low), high));
+}
+
+// MLAS's conversion: cvtps2dq (half to even; NaN and |v| >= 2^31 give INT32_MIN), then saturating packs.
+template <typename T>
+T convert(float value) {
+  if (std::isnan(value) || std::fabs(value) >= 2147483648.0f) return std::numeric_limits<T>::min();
+  return saturate<T>(std::nearbyint(value));
+}
+
+at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& multiplier, const std::optional<at::Tensor>& bias,
+                          int64_t zero_point, at::ScalarType dtype, int64_t inner) {
+  TORCH_CHECK_VALUE(acc.scalar_type() == at::kInt && acc.is_contiguous() && multiplier.scalar_type() == at::kFloat &&
+                        multiplier.is_contiguous() && multiplier.numel() >= 1 && inner >= 1,
+                    "requantize: contiguous int32 acc and float32 multiplier expected");
+  TORCH_CHECK_VALUE(!bias || (bias->scalar_type() == at::kInt && bias->is_contiguous() && bias->numel() >= 1),
+                    "requantize: a contiguous int32 bias expected");
+  at::Tensor out = output(acc.sizes(), dtype);
+  const int32_t* a = acc.data_ptr<int32_t>();
+  const float* m = multiplier.data_ptr<float>();
+  const int32_t* b = bias ? bias->data_ptr<int32_t>() : nullptr;
+  const int64_t m_count = multiplier.numel(), b_count = bias ? bias->numel() : 1;
+  const float zero = static_cast<float>(zero_point);
+  with_type(dtype, [&](auto type) {
+    using T = decltype(type);
+    T* y = static_cast<T*>(out.data_ptr());
+    at::parallel_for(0, acc.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end;) {  // runs of `inner` values share their multiplier and bias
+        const int64_t group = i / inner, run = std::min(end, (group + 1) * inner);
+        const float scale = m[group % m_count];
+        const uint32_t add = b ? static_cast<uint32_t>(b[group % b_count]) : 0u;  // wraps as an int32 sum does
+        for (; i < run; ++i) {
+          const float value = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(a[i]) + add)) * scale;
+          y[i] = saturate<T>(std::nearbyint(value) + zero);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// Walks the values of an operand repeated over the output: value index (i / div) % mod for output index i.
+struct Walker {
+  int64_t div, mod, r = 0, j = 0;
+
+  Walker(const int64_t (&map)[2], int64_t start) : div(map[0]), mod(map[1]), r(start % div), j(start / div % mod) {}
+
+  int64_t index() const { return j; }
+  void next() {
+    if (++r == div) {
+      r = 0;
+      if (++j == mod) j = 0;
+    }
+  }
+};
+
+// The numpy broadcast of two operands where each one's axes other than 1 form one block of the output's: operand k's
+// value for output element i is at (i / map[k][0]) % map[k][1] (Walker).
+struct Broadcast {
+  std::vector<int64_t> shape;
+  int64_t map[2][2];
+  int64_t numel = 1;
+};
+
+Broadcast broadcast(const at::Tensor& x, const at::Tensor& y) {
+  TORCH_CHECK_VALUE(x.scalar_type() == y.scalar_type() && x.is_contiguous() && y.is_contiguous(),
+                    "qlinear: contiguous operands of one type expected");
+  const int64_t rank = std::max(x.dim(), y.dim());
+  Broadcast b;
+  b.shape.assign(rank, 1);
+  const at::Tensor* operands[2] = {&x, &y};
+  for (const at::Tensor* t : operands) {
+    for (int64_t d = 0; d < t->dim(); ++d) {
+      int64_t& out = b.shape[rank - t->dim() + d];
+      const int64_t size = t->size(d);
+      TORCH_CHECK_VALUE(size == out || size == 1 || out == 1, "qlinear: the operands do not broadcast");
+      out = size == 1 ? out : size;
+    }
+  }
+  for (int64_t s : b.shape) b.numel *= s;
+  for (int k = 0; k < 2; ++k) {
+    const at::Tensor& t = *operands[k];
+    int64_t first = -1, last = -1;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (t.size(d) == 1) continue;
+      last = rank - t.dim() + d;
+      first = first < 0 ? last : first;
+    }
+    int64_t div = 1;
+    for (int64_t d = last + 1; d < rank && last >= 0; ++d) div *= b.shape[d];
+    for (int64_t d = std::max<int64_t>(first, 0); d <= last; ++d)
+      TORCH_CHECK_VALUE(t.size(d - (rank - t.dim())) == b.shape[d], "qlinear: an operand repeats within the output "
+                        "(not one contiguous block)");
+    b.map[k][0] = div;
+    b.map[k][1] = t.numel();
+  }
+  return b;
+}
+
+// f(x value, y value) -> float for each output element of the broadcast; then convert.
+template <typename Fn>
+at::Tensor binary(const at::Tensor& x, const at::Tensor& y, Fn f) {
+  const Broadcast shape = broadcast(x, y);
+  at::Tensor out = output(shape.shape, x.scalar_type());
+  with_type(x.scalar_type(), [&](auto type) {
+    using T = decltype(type);
+    const T* a = static_cast<const T*>(x.data_ptr());
+    const T* b = static_cast<const T*>(y.data_ptr());
+    T* c = static_cast<T*>(out.data_ptr());
+    at::parallel_for(0, shape.numel, kGrain, [&](int64_t begin, int64_t end) {
+      Walker wa(shape.map[0], begin), wb(shape.map[1], begin);
+      for (int64_t i = begin; i < end; ++i, wa.next(), wb.next())
+        c[i] = convert<T>(f(static_cast<float>(a[wa.index()]), static_cast<float>(b[wb.index()])));
+    });
+  });
+  return out;
+}
+
+at::Tensor qlinear_add_cpu(const at::Tensor& x, const at::Tensor& y, double x_ratio, double y_ratio, double offset) {
+  const float rx = static_cast<float>(x_ratio), ry = static_cast<float>(y_ratio), f = static_cast<float>(offset);
+  return binary(x, y, [=](float a, float b) { return std::fma(a, rx, std::fma(b, ry, f)); });
+}
+
+at::Tensor qlinear_mul_cpu(const at::Tensor& a, const at::Tensor& b, int64_t a_zero, int64_t b_zero, double ratio,
+                           int64_t c_zero) {
+  const float za = static_cast<float>(a_zero), zb = static_cast<float>(b_zero), r = static_cast<float>(ratio),
+              zc = static_cast<float>(c_zero);
+  return binary(a, b, [=](float u, float v) { return (u - za) * (v - zb) * r + zc; });
+}
+
+at::Tensor qlinear_lookup_cpu(const at::Tensor& x, const at::Tensor& table) {
+  const uint8_t flip = signed_bytes(x) ? 0x80 : 0;  // x - lowest as a byte
+  signed_bytes(table);
+  TORCH_CHECK_VALUE(x.is_contiguous() && table.is_contiguous() && table.numel() == 256,
+                    "qlinear_lookup: contiguous x and a table of 256 values expected");
+  at::Tensor out = output(x.sizes(), table.scalar_type());
+  const uint8_t* q = static_cast<const uint8_t*>(x.data_ptr());
+  const uint8_t* t = static_cast<const uint8_t*>(table.data_ptr());
+  uint8_t* y = static_cast<uint8_t*>(out.data_ptr());
+  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) y[i] = t[q[i] ^ flip];
+  });
+  return out;
+}
+
+struct Window {  // three spatial axes (missing ones of size 1)
+  int64_t in[3], out[3], kernel[3], stride[3], begin[3];
+};
+
+Window window(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef strides, at::IntArrayRef begins,
+              at::IntArrayRef out) {
+  const int64_t rank = x.dim() - 2;
+  TORCH_CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous() && static_cast<int64_t>(kernel.size()) == rank &&
+                        static_cast<int64_t>(strides.size()) == rank && static_cast<int64_t>(begins.size()) == rank &&
+                        static_cast<int64_t>(out.size()) == rank, "qlinear_average_pool: x [N, C, 1-3 spatial axes] "
+                    "and a kernel, strides, head pads and output size per spatial axis expected");
+  Window w;
+  for (int a = 0; a < 3; ++a) {
+    const int64_t d = a - (3 - rank);
+    w.in[a] = d >= 0 ? x.size(2 + d) : 1;
+    w.kernel[a] = d >= 0 ? kernel[d] : 1;
+    w.stride[a] = d >= 0 ? strides[d] : 1;
+    w.begin[a] = d >= 0 ? begins[d] : 0;
+    w.out[a] = d >= 0 ? out[d] : 1;
+  }
+  return w;
+}
+
+at::Tensor qlinear_average_pool_cpu(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef strides,
+                                    at::IntArrayRef begins, at::IntArrayRef out_sizes, double x_scale, int64_t x_zero,
+                                    double y_scale, int64_t y_zero, bool count_include_pad) {
+  const Window w = window(x, kernel, strides, begins, out_sizes);
+  std::vector<int64_t> shape{x.size(0), x.size(1)};
+  shape.insert(shape.end(), out_sizes.begin(), out_sizes.end());
+  at::Tensor out = output(shape, x.scalar_type());
+  const float xs = static_cast<float>(x_scale), ys = static_cast<float>(y_scale), zy = static_cast<float>(y_zero);
+  const float whole = static_cast<float>(w.kernel[0] * w.kernel[1] * w.kernel[2]);
+  const int64_t plane = w.in[0] * w.in[1] * w.in[2], positions = w.out[0] * w.out[1] * w.out[2];
+  with_type(x.scalar_type(), [&](auto type) {
+    using T = decltype(type);
+    const T* q = static_cast<const T*>(x.data_ptr());
+    T* y = static_cast<T*>(out.data_ptr());
+    at::parallel_for(0, x.size(0) * x.size(1), std::max<int64_t>(1, kGrain / std::max<int64_t>(1, positions)),
+                     [&](int64_t begin, int64_t end) {
+      for (int64_t image = begin; image < end; ++image) {
+        const T* src = q + image * plane;
+        for (int64_t p = 0; p < positions; ++p) {
+          const int64_t o2 = p % w.out[2], o1 = p / w.out[2] % w.out[1], o0 = p / (w.out[2] * w.out[1]);
+          float total = 0.0f;
+          int64_t count = 0;
+          for (int64_t k0 = 0; k0 < w.kernel[0]; ++k0) {
+            const int64_t i0 = o0 * w.stride[0] - w.begin[0] + k0;
+            for (int64_t k1 = 0; k1 < w.kernel[1]; ++k1) {
+              const int64_t i1 = o1 * w.stride[1] - w.begin[1] + k1;
+              for (int64_t k2 = 0; k2 < w.kernel[2]; ++k2) {
+                const int64_t i2 = o2 * w.stride[2] - w.begin[2] + k2;
+                if (i0 < 0 || i0 >= w.in[0] || i1 < 0 || i1 >= w.in[1] || i2 < 0 || i2 >= w.in[2]) continue;
+                total += static_cast<float>(static_cast<int32_t>(src[(i0 * w.in[1] + i1) * w.in[2] + i2]) -
+                                            static_cast<int32_t>(x_zero)) * xs;
+                ++count;
+              }
+            }
+          }
+          const float counted = count_include_pad ? whole : static_cast<float>(count);
+          y[image * positions + p] = saturate<T>(std::nearbyint(total / counted / ys + zy));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor qlinear_global_average_pool_cpu(const at::Tensor& x, double x_scale, int64_t x_zero, double y_scale,
+                                           int64_t y_zero, bool channels_last) {
+  TORCH_CHECK_VALUE(x.dim() >= 3 && x.is_contiguous(), "qlinear_global_average_pool: contiguous x [N, C, spatial] "
+                    "expected");
+  const int64_t N = x.size(0), C = channels_last ? x.size(-1) : x.size(1), size = x.numel() / std::max<int64_t>(1, N * C);
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape[0] = N;
+  shape[channels_last ? x.dim() - 1 : 1] = C;
+  at::Tensor out = output(shape, x.scalar_type());
+  const float multiplier = static_cast<float>(x_scale) / (static_cast<float>(y_scale) * static_cast<float>(size));
+  const float zy = static_cast<float>(y_zero);
+  with_type(x.scalar_type(), [&](auto type) {
+    using T = decltype(type);
+    const T* q = static_cast<const T*>(x.data_ptr());
+    T* y = static_cast<T*>(out.data_ptr());
+    std::vector<int64_t> sums(N * C, 0);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        int64_t sum = 0;
+        if (channels_last) {
+          for (int64_t s = 0; s < size; ++s) sum += q[(n * size + s) * C + c];
+        } else {
+          for (int64_t s = 0; s < size; ++s) sum += q[(n * C + c) * size + s];
+        }
+        const float acc = static_cast<float>(sum - size * x_zero);  // exact integer, rounded once to float32
+        y[n * C + c] = saturate<T>(std::nearbyint(acc * multiplier) + zy);
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor qlinear_softmax_cpu(const at::Tensor& rows, const at::Tensor& table, double inverse, int64_t y_zero) {
+  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.is_contiguous() && table.scalar_type() == at::kFloat &&
+                        table.is_contiguous() && table.numel() == 256, "qlinear_softmax: contiguous rows [R, L] and "
+                    "a float32 table of 256 values expected");
+  at::Tensor out = output(rows.sizes(), rows.scalar_type());
+  const int64_t R = rows.size(0), L = rows.size(1);
+  const float* t = table.data_ptr<float>();
+  const float inv = static_cast<float>(inverse), zy = static_cast<float>(y_zero);
+  with_type(rows.scalar_type(), [&](auto type) {
+    using T = decltype(type);
+    const int32_t top = std::numeric_limits<T>::max();
+    const T* q = static_cast<const T*>(rows.data_ptr());
+    T* y = static_cast<T*>(out.data_ptr());
+    std::vector<float> values(L);
+    for (int64_t r = 0; r < R; ++r) {
+      const T* row = q + r * L;
+      int32_t high = std::numeric_limits<T>::min();
+      for (int64_t k = 0; k < L; ++k) high = std::max<int32_t>(high, row[k]);
+      float total = 0.0f;
+      for (int64_t k = 0; k < L; ++k) {
+        values[k] = t[(static_cast<int32_t>(row[k]) + top - high) & 0xFF];
+        total = k == 0 ? values[k] : total + values[k];
+      }
+      for (int64_t k = 0; k < L; ++k) y[r * L + k] = saturate<T>(std::nearbyint(values[k] * inv / total) + zy);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
+  m.def("requantize(Tensor acc, Tensor multiplier, Tensor? bias, int zero_point, ScalarType dtype, int inner) -> "
+        "Tensor");
+  m.def("qlinear_add(Tensor x, Tensor y, float x_ratio, float y_ratio, float offset) -> Tensor");
+  m.def("qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor");
+  m.def("qlinear_lookup(Tensor x, Tensor table) -> Tensor");
+  m.def("qlinear_average_pool(Tensor x, int[] kernel, int[] strides, int[] begins, int[] out, float x_scale, "
+        "int x_zero, float y_scale, int y_zero, bool count_include_pad) -> Tensor");
+  m.def("qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero, "
+        "bool channels_last) -> Tensor");
+  m.def("qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
+  m.impl("requantize", &requantize_cpu);
+  m.impl("qlinear_add", &qlinear_add_cpu);
+  m.impl("qlinear_mul", &qlinear_mul_cpu);
+  m.impl("qlinear_lookup", &qlinear_lookup_cpu);
+  m.impl("qlinear_average_pool", &qlinear_average_pool_cpu);
+  m.impl("qlinear_global_average_pool", &qlinear_global_average_pool_cpu);
+  m.impl("qlinear_softmax", &qlinear_softmax_cpu);
+}
+
+}  // namespace onnx2torch_rnn

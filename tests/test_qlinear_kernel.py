@@ -1,0 +1,233 @@
+"""The native QLinear ops (recurrent/kernel/qlinear.cpp) against their Python references in modules/quantized.py, bit
+for bit, on random inputs: each module runs with the kernel and with the Python path (``native`` off), its scales
+and zero points folded at construction (what the converter does with constants) and given at run time. The tests
+against onnxruntime (tests/converters/test_onnxruntime_quantized.py, test_quantized.py) run on the kernel too, and CI
+runs them once more with ONNX2TORCH_RNN_NATIVE=0 for the Python path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from onnx2torch_rnn.modules import quantized as q
+from onnx2torch_rnn.recurrent import kernel
+
+pytestmark = pytest.mark.skipif(not kernel.enabled(), reason=f"{kernel.ENVIRONMENT}=0: the Python path only")
+BYTES = [torch.uint8, torch.int8]
+
+
+@pytest.fixture(autouse=True)
+def native_kernel():
+    if not kernel.load() and not os.environ.get("CI"):
+        pytest.skip("the native kernel could not be built here (see the warning)")
+
+
+class _Spy:
+    """torch.ops.onnx2torch_rnn, recording which ops the modules call."""
+
+    def __init__(self):
+        self.called = set()
+
+    def __getattr__(self, name):
+        self.called.add(name)
+        return getattr(torch.ops.onnx2torch_rnn, name)
+
+
+def outputs(monkeypatch, op: str, calls) -> list[torch.Tensor]:
+    """Each call's result with the kernel (which must run ``op``), then with the Python path: all equal."""
+    spy = _Spy()
+    with monkeypatch.context() as patch:
+        patch.setattr(q, "_NATIVE", spy)
+        with torch.inference_mode():
+            results = [call() for call in calls]
+    assert op in spy.called
+    with monkeypatch.context() as patch:
+        patch.setattr(q, "native", lambda *tensors: False)
+        results += [call() for call in calls]
+    for result in results[1:]:
+        assert result.dtype == results[0].dtype
+        torch.testing.assert_close(result, results[0], rtol=0, atol=0, equal_nan=True)
+    return results
+
+
+def ints(generator, dtype, shape, low=None, high=None) -> torch.Tensor:
+    info = torch.iinfo(dtype)
+    low, high = info.min if low is None else low, info.max if high is None else high
+    return torch.randint(low, high + 1, shape, generator=generator).to(dtype)
+
+
+def scales(generator, shape=(), low=0.005, high=0.2) -> torch.Tensor:
+    return (torch.rand(shape, generator=generator) * (high - low) + low).float()
+
+
+def zero_point(generator, dtype, shape=()) -> torch.Tensor:
+    return ints(generator, dtype, shape, torch.iinfo(dtype).min // 2, torch.iinfo(dtype).max // 2)
+
+
+BROADCASTS = [((4, 65), (4, 65)), ((3, 5, 7), (7,)), ((6, 9), (6, 1)), ((51,), ()), ((), (33,)), ((2, 3, 5), (3, 1)),
+              ((1, 7), (3, 1)), ((1, 5, 4, 3), (5, 1, 1))]
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("a_shape", "b_shape"), BROADCASTS)
+@pytest.mark.parametrize("seed", range(3))
+def test_binary(monkeypatch, op, dtype, a_shape, b_shape, seed):
+    """Both operand orders (onnxruntime's vector operand), wide ranges (saturation, past the int32 range)."""
+    g = torch.Generator().manual_seed(seed)
+    params = [scales(g), zero_point(g, dtype), scales(g), zero_point(g, dtype),
+              scales(g, (), 1e-6, 0.05) if seed == 2 else scales(g), zero_point(g, dtype)]
+    a, b = ints(g, dtype, a_shape), ints(g, dtype, b_shape)
+    module_type = getattr(q, op)
+    name = "qlinear_add" if op == "QLinearAdd" else "qlinear_mul"
+    for x, y, p in ((a, b, params), (b, a, params[2:4] + params[:2] + params[4:])):  # the op is not symmetric
+        folded, given = module_type(tuple(p)), module_type()
+        results = outputs(monkeypatch, name, [lambda f=folded, x=x, y=y: f(x, None, None, y, None, None, None, None),
+                                              lambda f=given, x=x, y=y, p=p: f(x, *p[:2], y, *p[2:])])
+        assert results[0].shape == torch.broadcast_shapes(a_shape, b_shape)
+
+
+def test_binary_refuses_repeats_within_the_output():
+    """An operand whose axes other than 1 are not one block of the output's takes the Python path (the kernel would
+    refuse it)."""
+    assert q.broadcast_map(torch.Size([3, 1, 4]), torch.Size([3, 5, 4])) is None
+    assert q.broadcast_map(torch.Size([5, 1]), torch.Size([2, 5, 4])) == [4, 5]
+    with pytest.raises(ValueError):
+        torch.ops.onnx2torch_rnn.qlinear_add(torch.zeros(3, 1, 4, dtype=torch.uint8),
+                                             torch.zeros(3, 5, 4, dtype=torch.uint8), 1.0, 1.0, 0.0)
+
+
+def _requantized(monkeypatch, module_type, constants: dict, runtime_args, attributes=None):
+    folded = module_type(constants=constants, **(attributes or {}))
+    given = module_type(**(attributes or {}))
+    nones = [None] * len(constants)
+    return outputs(monkeypatch, "requantize", [lambda: folded(runtime_args[0], *nones),
+                                               lambda: given(*runtime_args)])
+
+
+CONVS = [({"pads": [1, 1, 1, 1]}, (1, 3, 16, 16), (8, 3, 3, 3)), ({"strides": [2, 1]}, (2, 4, 7, 5), (5, 4, 3, 2)),
+         ({"group": 2, "pads": [0, 1, 2, 0]}, (1, 4, 6, 9), (6, 2, 1, 3)), ({}, (2, 3, 11), (7, 3, 4))]
+
+
+@pytest.mark.parametrize(("attributes", "x_shape", "w_shape"), CONVS)
+@pytest.mark.parametrize("types", [(torch.uint8, torch.int8), (torch.int8, torch.int8), (torch.uint8, torch.uint8)])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_qlinear_conv(monkeypatch, attributes, x_shape, w_shape, types, per_channel, bias):
+    g = torch.Generator().manual_seed(len(x_shape) + per_channel + 2 * bias)
+    x_type, w_type = types
+    channels = (w_shape[0],) if per_channel else ()
+    constants = {"x_scale": scales(g), "x_zero_point": zero_point(g, x_type), "w": ints(g, w_type, w_shape),
+                 "w_scale": scales(g, channels, 0.001, 0.02), "w_zero_point": zero_point(g, w_type, channels),
+                 "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, x_type),
+                 "B": torch.randint(-3000, 3000, (w_shape[0],), generator=g, dtype=torch.int32) if bias else None}
+    x = ints(g, x_type, x_shape)
+    _requantized(monkeypatch, q.QLinearConv, constants, [x, *constants.values()], attributes)
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 8), (8, 5)), ((2, 5, 17), (17, 40)), ((7,), (7, 3))])
+@pytest.mark.parametrize("types", [(torch.uint8, torch.int8), (torch.int8, torch.int8), (torch.uint8, torch.uint8)])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul(monkeypatch, a_shape, b_shape, types, per_column):
+    g = torch.Generator().manual_seed(len(a_shape) + per_column)
+    a_type, b_type = types
+    columns = (b_shape[1],) if per_column else ()
+    constants = {"a_scale": scales(g), "a_zero_point": zero_point(g, a_type), "b": ints(g, b_type, b_shape),
+                 "b_scale": scales(g, columns, 0.001, 0.02), "b_zero_point": zero_point(g, b_type, columns),
+                 "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, a_type)}
+    a = ints(g, a_type, a_shape)
+    _requantized(monkeypatch, q.QLinearMatMul, constants, [a, *constants.values()])
+
+
+@pytest.mark.parametrize(("attributes", "a_shape", "b_shape", "c_shape"), [
+    ({}, (3, 8), (8, 5), (5,)), ({"alpha": 0.5}, (3, 8), (8, 5), None), ({"transA": 1}, (8, 3), (8, 5), (3, 5)),
+    ({"transB": 1}, (3, 8), (5, 8), (1, 5)), ({"transA": 1, "transB": 1, "alpha": 2.0}, (8, 3), (5, 8), ()),
+    ({}, (4, 30), (30, 6), (4, 1)), ({"transB": 1}, (1, 16), (5, 16), (5,))])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qgemm(monkeypatch, attributes, a_shape, b_shape, c_shape, per_column):
+    g = torch.Generator().manual_seed(len(a_shape) + per_column)
+    n = b_shape[0] if attributes.get("transB") else b_shape[1]
+    columns = (n,) if per_column else ()
+    constants = {"a_scale": scales(g), "a_zero_point": zero_point(g, torch.uint8), "b": ints(g, torch.int8, b_shape),
+                 "b_scale": scales(g, columns, 0.001, 0.02), "b_zero_point": zero_point(g, torch.int8, columns),
+                 "c": None if c_shape is None else torch.randint(-3000, 3000, c_shape, generator=g, dtype=torch.int32),
+                 "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, torch.uint8)}
+    a = ints(g, torch.uint8, a_shape)
+    _requantized(monkeypatch, q.QGemm, constants, [a, *constants.values()], attributes)
+
+
+def _pool_parameters(g, dtype):
+    return (scales(g, (), 0.02, 0.1), zero_point(g, dtype), scales(g, (), 0.01, 0.05), zero_point(g, dtype))
+
+
+POOLS = [({"kernel_shape": [2, 2], "strides": [2, 2]}, (2, 3, 6, 7)),
+         ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, (1, 4, 5, 6)),
+         ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}, (1, 4, 5, 6)),
+         ({"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}, (1, 2, 7, 8)),
+         ({"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]}, (1, 2, 7, 8)),
+         ({"kernel_shape": [3], "strides": [2], "pads": [1, 0]}, (2, 3, 9)),
+         ({"kernel_shape": [2, 2, 2]}, (1, 2, 4, 5, 3))]
+
+
+@pytest.mark.parametrize(("attributes", "shape"), POOLS)
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_average_pool(monkeypatch, attributes, shape, dtype, channels_last):
+    g = torch.Generator().manual_seed(len(shape) + channels_last)
+    parameters = _pool_parameters(g, dtype)
+    if channels_last:
+        shape = (shape[0], *shape[2:], shape[1])
+    x = ints(g, dtype, shape)
+    folded = q.QLinearAveragePool(channels_last=channels_last, parameters=parameters, **attributes)
+    given = q.QLinearAveragePool(channels_last=channels_last, **attributes)
+    outputs(monkeypatch, "qlinear_average_pool", [lambda: folded(x), lambda: given(x, *parameters)])
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("shape", "channels_last"), [((2, 3, 5, 6), 0), ((1, 4, 7), 0), ((2, 5, 6, 3), 1),
+                                                      ((3, 16, 16, 40), 0), ((1, 9, 17), 1)])
+def test_qlinear_global_average_pool(monkeypatch, dtype, shape, channels_last):
+    g = torch.Generator().manual_seed(len(shape) + channels_last)
+    parameters = _pool_parameters(g, dtype)
+    x = ints(g, dtype, shape)
+    folded = q.QLinearGlobalAveragePool(channels_last, parameters)
+    given = q.QLinearGlobalAveragePool(channels_last)
+    outputs(monkeypatch, "qlinear_global_average_pool", [lambda: folded(x), lambda: given(x, *parameters)])
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("shape", "axis", "opset"), [((4, 10), -1, 13), ((3, 2, 7), 2, 13), ((2, 3, 5), 1, 12),
+                                                      ((3, 41), 1, 11), ((5, 1), -1, 13)])
+@pytest.mark.parametrize("output", [(1 / 256, None), (0.007, 3)])
+def test_qlinear_softmax(monkeypatch, dtype, shape, axis, opset, output):
+    g = torch.Generator().manual_seed(len(shape))
+    x_scale = scales(g, (), 0.02, 0.2)
+    y_scale = torch.tensor(output[0], dtype=torch.float32)
+    y_zero = torch.tensor(output[1] if output[1] is not None else (0 if dtype == torch.uint8 else -128), dtype=dtype)
+    x = ints(g, dtype, shape)
+    folded = q.QLinearSoftmax(axis, opset, float(x_scale), (y_scale, y_zero))
+    given = q.QLinearSoftmax(axis, opset)
+    outputs(monkeypatch, "qlinear_softmax", [lambda: folded(x, x_scale), lambda: given(x, x_scale, None, y_scale,
+                                                                                      y_zero)])
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+def test_qlinear_concat_and_lookup_tables(monkeypatch, dtype):
+    """QLinearConcat's requantization tables (built at construction) and QLinearLookup's, looked up natively."""
+    g = torch.Generator().manual_seed(0)
+    y_scale, y_zero = scales(g), zero_point(g, dtype)
+    xs = [ints(g, dtype, (2, n, 3)) for n in (1, 4, 5)]
+    parameters = [(scales(g), zero_point(g, dtype)) for _ in xs]
+    parameters[1] = (y_scale, y_zero)  # copied
+    tables = tuple(q.QLinearConcat.table(*p, y_scale, y_zero) for p in parameters)
+    assert tables[1] is None and tables[0] is not None
+    same = tuple(t is None for t in tables)
+    folded, given = q.QLinearConcat(1, same, tables), q.QLinearConcat(1)
+    args = [v for x, p in zip(xs, parameters, strict=True) for v in (x, *p)]
+    nones = [v if i % 3 == 0 else None for i, v in enumerate(args)]
+    outputs(monkeypatch, "qlinear_lookup", [lambda: folded(None, None, *nones), lambda: given(y_scale, y_zero, *args)])
+    lookup = q.QLinearLookup("Sigmoid", None, (scales(g), zero_point(g, dtype), torch.tensor(1 / 256), None))
+    x = ints(g, dtype, (3, 7, 5))
+    outputs(monkeypatch, "qlinear_lookup", [lambda: lookup(x)])
