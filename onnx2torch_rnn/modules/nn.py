@@ -296,7 +296,10 @@ class MaxPool(_Pool):
         dtype = x.dtype
         # what onnxruntime reads outside the input: the lowest value, not -inf
         lowest = torch.finfo(dtype).min if dtype.is_floating_point else torch.iinfo(dtype).min
-        if not dtype.is_floating_point:  # torch max pooling is float-only; int8/uint8 are exact in float32
+        if n == 2 and dtype in (torch.uint8, torch.int8) and not self.indices:  # torch's 2-D max pooling takes them
+            return F.max_pool2d(pad(x, [0, 0, *begins], [0, 0, *ends], value=lowest), self.kernel_shape, strides, 0,
+                                dilations)
+        if not dtype.is_floating_point:  # else torch max pooling is float-only; int8/uint8 are exact in float32
             x = x.float()
         padded = pad(x, [0, 0, *begins], [0, 0, *ends], value=lowest)
         y, flat = MAX_POOL[n](padded, self.kernel_shape, strides, 0, dilations, False, True)
@@ -919,15 +922,19 @@ class Resize(Module):
             if known_true(out_sizes[axis] == in_sizes[axis]) if isinstance(factors[axis], torch.Tensor) \
                     else factors[axis] == 1:
                 continue
-            index, weight, inside = self._axis_taps(in_sizes[axis], out_sizes[axis], factors[axis], starts[axis],
+            index, weight, inside = self._kept_taps(in_sizes[axis], out_sizes[axis], factors[axis], starts[axis],
                                                     ends[axis])
-            # (..., out, taps); rank - 1, not -1: the TorchScript exporter writes a -1 into a Transpose's perm
-            moved = y.movedim(axis, rank - 1)[..., index.to(x.device)]
-            if weight is None:
-                moved = moved[..., 0]
+            if weight is None and not torch.compiler.is_compiling() and not torch.jit.is_tracing():
+                y = y.index_select(axis, index[:, 0].to(x.device))  # nearest: one gather (eager)
             else:
-                moved = (moved * weight.to(device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))).sum(-1)
-            y = moved.to(x.dtype).movedim(rank - 1, axis)
+                # (..., out, taps); rank - 1, not -1: the TorchScript exporter writes a -1 into a Transpose's perm
+                moved = y.movedim(axis, rank - 1)[..., index.to(x.device)]
+                if weight is None:
+                    moved = moved[..., 0]
+                else:
+                    weight = weight.to(device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
+                    moved = (moved * weight).sum(-1)
+                y = moved.to(x.dtype).movedim(rank - 1, axis)
             if self.coordinate_transformation_mode == "tf_crop_and_resize":
                 inside = inside.to(x.device).reshape(-1, *[1] * (rank - 1 - axis))
                 valid = inside if valid is None else valid & inside
@@ -942,6 +949,20 @@ class Resize(Module):
             what = "antialias" if self.antialias else f"coordinate_transformation_mode {mode!r}"
             raise NotImplementedError(f"Resize to sizes computed at run time with {what} under compile or export: "
                                       "export with the input's dims static")
+
+    def _kept_taps(self, length_in, length_out, scale, start: float, end: float):
+        """``_axis_taps``, kept per geometry between eager calls where the sizes and the scale are Python numbers
+        (the tables cost several small ops per axis, more than a small image's gather)."""
+        key = (length_in, length_out, scale, start, end)
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or any(
+                isinstance(v, torch.Tensor | torch.SymInt | torch.SymFloat) for v in key):
+            return self._axis_taps(*key)
+        kept = self.__dict__.setdefault("_taps", {})
+        if key not in kept:
+            if len(kept) >= 64:  # many input sizes: start over
+                kept.clear()
+            kept[key] = self._axis_taps(*key)
+        return kept[key]
 
     def _axis_taps(self, length_in: int, length_out: int, scale, start: float, end: float):
         """(source indices (out, taps), weights (out, taps) or None, in-range mask (out,)) for one axis."""

@@ -267,10 +267,12 @@ def test_max_pool_indices_slot_only_y():
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.float64])
-def test_max_pool_dtypes(dtype):
-    model, _ = _node_model("MaxPool", (1, 2, 6, 7), 12, dtype=dtype, kernel_shape=[3, 3], pads=[1, 1, 1, 1],
-                           strides=[2, 2])
-    x = RNG.integers(-100, 100, (1, 2, 6, 7)) if dtype == np.int8 else RNG.integers(0, 255, (1, 2, 6, 7))
+@pytest.mark.parametrize("attributes", [{"pads": [1, 1, 1, 1], "strides": [2, 2]},
+                                        {"pads": [0, 2, 1, 0], "dilations": [2, 1], "ceil_mode": 1}])
+def test_max_pool_dtypes(dtype, attributes):
+    """8-bit 2-D pooling runs in its type (torch's kernel), the others in float32: padding reads the lowest value."""
+    model, _ = _node_model("MaxPool", (1, 2, 6, 7), 12, dtype=dtype, kernel_shape=[3, 3], **attributes)
+    x = RNG.integers(-128, 127, (1, 2, 6, 7)) if dtype == np.int8 else RNG.integers(0, 255, (1, 2, 6, 7))
     check(model, {"x": x.astype(dtype)})
 
 
@@ -874,6 +876,17 @@ def test_resize_run_time_inputs(mode):
 def test_resize_nearest_integers(dtype):
     model, _ = _resize_model(13, (1, 2, 4, 5), scales=[1, 1, 1.5, 2.5], dtype=dtype, mode="nearest")
     check(model, {"x": RNG.integers(0, 100, (1, 2, 4, 5)).astype(dtype)})
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_tables_kept_per_size(mode):
+    """The per-axis tables are kept between calls per input size: calls at changing sizes each match onnxruntime."""
+    model, _ = _resize_model(13, ("n", "c", "h", "w"), scales=[1, 1, 1.5, 0.75], mode=mode)
+    module = onnx2torch_rnn.convert(model)
+    for shape in [(1, 2, 4, 5), (2, 1, 7, 3), (1, 2, 4, 5), (1, 1, 9, 8), (2, 1, 7, 3)]:
+        feeds = {"x": RNG.standard_normal(shape).astype(np.float32)}
+        np.testing.assert_allclose(run_torch(module, model, feeds)[0], run_onnxruntime(model, feeds)[0], rtol=1e-5,
+                                   atol=1e-6, strict=True)
 
 
 def test_resize_linear_integers_refused():
