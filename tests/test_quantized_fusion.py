@@ -1,9 +1,14 @@
 """passes/quantized.py: DynamicQuantizeLinear -> MatMulInteger/ConvInteger -> Cast -> Mul(x_scale * w_scale)
 [-> Add bias], as quantize_dynamic writes them, fused into one module that computes the same numbers: equal to
 onnxruntime bit for bit (rtol=0, atol=0; its plain kernels at one thread, and its optimised graph, which fuses the
-same nodes into DynamicQuantizeMatMul) and to the nodes converted as written, at several seeds."""
+same nodes into DynamicQuantizeMatMul) and to the nodes converted as written, at several seeds. In eager CPU
+inference the module is one call of the native kernel (dynamic_quantized_matmul / _conv): random chains (u8/s8
+weights, per-tensor and per-channel scales and zero points, odd shapes, strides, groups, automatic pads) against
+onnxruntime and against the Python path, bit for bit."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import onnxruntime as ort
@@ -13,7 +18,9 @@ from onnx import TensorProto, helper
 
 import onnx2torch_rnn
 from onnx2torch_rnn.checking import run_onnxruntime
+from onnx2torch_rnn.modules import quantized
 from onnx2torch_rnn.modules.quantized import DynamicQuantizedProduct
+from onnx2torch_rnn.recurrent import kernel
 from tests.helpers import integers, make_model
 
 
@@ -72,3 +79,122 @@ def test_a_quantizer_read_twice_is_not_fused():
         got = module(torch.from_numpy(x))
     for g, want in zip(got, run_onnxruntime(model, {"x": x}), strict=True):
         np.testing.assert_array_equal(g.numpy(), want, strict=True)
+
+
+def random_chain(rng: random.Random):
+    """A random quantize_dynamic chain: MatMulInteger (x of rank 1-3, K and N off the groups of 4 and the panels of
+    64, few and many columns) or ConvInteger (1-3 spatial axes, groups, strides, dilations, explicit or automatic
+    pads); uint8 or int8 weights, scale and zero point per tensor or per output channel, bias or not. onnxruntime's
+    ConvInteger takes one weight zero point only: per-channel ones go to the Python comparison alone."""
+    generator = np.random.default_rng(rng.randrange(2**31))
+    w_type = rng.choice([np.uint8, np.int8])
+    conv, per_channel, zero_per_channel = rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.4
+    attributes = {}
+    if conv:
+        rank, group = rng.choice([1, 2, 2, 3]), rng.choice([1, 1, 2])
+        kernel_shape = [rng.choice([1, 2, 3]) for _ in range(rank)]
+        channels, out = group * rng.choice([1, 3]), group * rng.choice([1, 2, 5])
+        x_shape = (rng.choice([1, 2]), channels, *[rng.choice([2, 5, 9]) + k for k in kernel_shape])
+        w_shape, scale_shape = (out, channels // group, *kernel_shape), (out, *[1] * rank)
+        attributes = dict(group=group, strides=[rng.choice([1, 1, 2]) for _ in range(rank)],
+                          dilations=[rng.choice([1, 1, 2]) for _ in range(rank)])
+        if rng.random() < 0.3:
+            attributes["auto_pad"] = rng.choice(["SAME_UPPER", "SAME_LOWER", "VALID"])
+            if attributes["auto_pad"] != "VALID":  # onnxruntime: no dilations with SAME_*
+                attributes["dilations"] = [1] * rank
+        else:
+            attributes["pads"] = [rng.choice([0, 1, 2]) for _ in range(2 * rank)]
+    else:
+        k, n = rng.choice([1, 5, 24, 67]), rng.choice([1, 7, 31, 32, 47, 100])
+        x_shape, w_shape, scale_shape, out = (*rng.choice([(), (3,), (2, 5), (1, 4)]), k), (k, n), (n,), n
+    zero_shape = (out,) if zero_per_channel else ()
+    low, high = (-5, 5) if w_type == np.int8 else (110, 145)
+    values = {"w": integers(w_type, w_shape, rng=generator), "wz": integers(w_type, zero_shape, low, high,
+                                                                          rng=generator),
+              "ws": generator.uniform(0.001, 0.02, scale_shape if per_channel else ()).astype(np.float32)}
+    product = "ConvInteger" if conv else "MatMulInteger"
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "ws"], ["scales"]),
+             helper.make_node(product, ["xq", "w", "xz", "wz"], ["acc"], **attributes),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "scales"], ["y"])]
+    if rng.random() < 0.6:
+        values["b"] = generator.standard_normal(scale_shape).astype(np.float32)
+        nodes[-1].output[0] = "scaled"
+        nodes.append(helper.make_node("Add", ["scaled", "b"], ["y"]))
+    model = make_model(nodes, [("x", np.float32, x_shape)], ["y"], values, opset=17)
+    return model, x_shape, conv and zero_per_channel
+
+
+def spied_native(monkeypatch) -> list[str]:
+    """The names of the fused native ops the module calls (through modules/quantized.py's _NATIVE)."""
+    calls, native = [], torch.ops.onnx2torch_rnn
+
+    class Op:
+        def __init__(self, name):
+            self.default = lambda *args: calls.append(name) or getattr(native, name).default(*args)
+
+    class Spy:
+        dynamic_quantized_matmul, dynamic_quantized_conv = Op("dynamic_quantized_matmul"), Op("dynamic_quantized_conv")
+
+        def __getattr__(self, name):
+            return getattr(native, name)
+
+    monkeypatch.setattr(quantized, "_NATIVE", Spy())
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_native_fused_product_is_onnxruntime_and_python_bit_for_bit(seed, monkeypatch):
+    """Eight random chains a seed, three inputs each (one all-positive, one with a zero range): the native op runs
+    (spy), equal to onnxruntime and to the module's Python path (the reference) at rtol=0, atol=0."""
+    if not kernel.load():
+        pytest.skip("no native kernel here: the Python path is the one tested above")
+    rng = random.Random(seed)
+    for case in range(8):
+        model, x_shape, python_only = random_chain(rng)
+        module = onnx2torch_rnn.convert(model)
+        assert [type(m) for m in module.children()] == [DynamicQuantizedProduct], case
+        calls = spied_native(monkeypatch)
+        generator = np.random.default_rng(case)
+        inputs = [generator.standard_normal(x_shape).astype(np.float32) * rng.choice([0.1, 3.0]),
+                  generator.uniform(0.5, 2.0, x_shape).astype(np.float32), np.zeros(x_shape, np.float32)]
+        for x in inputs:
+            with torch.inference_mode():
+                got = module(torch.from_numpy(x))
+            with monkeypatch.context() as python:
+                python.setattr(quantized, "native", lambda *tensors: False)
+                with torch.inference_mode():
+                    reference = module(torch.from_numpy(x))
+            assert got.dtype == reference.dtype and torch.equal(got, reference), (case, model.graph.node)
+            if not python_only:
+                np.testing.assert_allclose(got.numpy(), run_onnxruntime(model, {"x": x})[0], rtol=0, atol=0,
+                                           strict=True)
+        assert len(calls) == len(inputs), (case, calls)
+        monkeypatch.undo()
+
+
+def test_native_operands_follow_the_weights(monkeypatch):
+    """The prepared weights are kept per buffer version: a change by load_state_dict (in place) is seen; a strided
+    input runs."""
+    if not kernel.load():
+        pytest.skip("no native kernel here")
+    rng = np.random.default_rng(3)
+    model, x_shape = chain("MatMulInteger", np.uint8, True, True, rng)
+    module = onnx2torch_rnn.convert(model)
+    x = torch.from_numpy(rng.standard_normal((*x_shape[:-1], 2 * x_shape[-1])).astype(np.float32))[..., ::2]
+
+    def python_path():
+        with monkeypatch.context() as python, torch.no_grad():
+            python.setattr(quantized, "native", lambda *tensors: False)
+            return module(x)
+
+    with torch.no_grad():
+        first = module(x)
+    assert torch.equal(first, python_path())
+    state = module.state_dict()
+    name = next(k for k in state if k.endswith(".weight"))
+    module.load_state_dict({**state, name: state[name] ^ 1})
+    with torch.no_grad():
+        second = module(x)
+    assert not torch.equal(first, second) and torch.equal(second, python_path())

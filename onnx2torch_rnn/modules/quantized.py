@@ -471,7 +471,9 @@ class MatMulIntegerToFloat(Module):
 class DynamicQuantizedProduct(Module):
     """DynamicQuantizeLinear -> MatMulInteger or ConvInteger by constant weights -> Cast to float -> Mul by
     x_scale * w_scale (-> Add of a constant bias) in one module (passes/quantized.py): the same float32 steps as
-    those nodes."""
+    those nodes. In eager CPU inference one call of the native kernel (``dynamic_quantized_matmul`` or
+    ``dynamic_quantized_conv``) on the weights prepared once per weight version (``_operands``), where the
+    scale and bias vary along the output channel only; else those steps here (the reference)."""
 
     def __init__(self, integer: MatMulInteger | ConvInteger, weight: Tensor, weight_zero_point: Tensor | None,
                  weight_scale: Tensor, bias: Tensor | None):
@@ -480,20 +482,93 @@ class DynamicQuantizedProduct(Module):
         for name, value in (("weight", weight), ("weight_zero_point", weight_zero_point),
                             ("weight_scale", weight_scale), ("bias", bias)):
             self.register_buffer(name, value)
-        # what integer_matmul would check on each call, checked once: the native kernel's matmul_integer takes it
-        self.native_matmul = isinstance(integer, MatMulInteger) and weight.dim() == 2 and weight.dtype in (
-            torch.uint8, torch.int8) and (weight_zero_point is None or weight_zero_point.numel() == 1 or (
-                weight_zero_point.dim() == 1 and len(weight_zero_point) == weight.shape[1]))
+        self.native_form = _native_form(integer, weight, weight_zero_point, weight_scale, bias)
+        # the matmul's output rank must not grow by the scale's or bias's broadcast
+        self.min_rank = max([1, *(t.dim() for t in (weight_scale, bias) if t is not None)])
+        self.group = getattr(integer, "group", 1)  # read at every call: a plain attribute, not the child's
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.native_matmul and x.dim() >= 1 and native(x):
-            q, scale, zero_point = _NATIVE.dynamic_quantize_linear(x)
-            acc = _NATIVE.matmul_integer(q, self.weight, zero_point, self.weight_zero_point)
-        else:
-            q, scale, zero_point = dynamic_quantize(x)
-            acc = type(self.integer).forward(self.integer, q, self.weight, zero_point, self.weight_zero_point)
+        if self.native_form is not None and x.dtype == torch.float32 and native(x):
+            y = self._native(x)
+            if y is not None:
+                return y
+        q, scale, zero_point = dynamic_quantize(x)
+        acc = type(self.integer).forward(self.integer, q, self.weight, zero_point, self.weight_zero_point)
         value = acc.float() * (scale * self.weight_scale)
         return value if self.bias is None else value + self.bias
+
+    def _native(self, x: Tensor) -> Tensor | None:
+        """The native kernel's call, or None where x does not fit it (the reference path then says why, if at all)."""
+        weight, operands = self._operands()
+        x = x if x.is_contiguous() else x.contiguous()
+        if self.native_form == "matmul":
+            if x.dim() < self.min_rank or x.shape[-1] != weight.shape[0]:
+                return None
+            return _NATIVE.dynamic_quantized_matmul.default(x, *operands)
+        if x.dim() != weight.dim() or x.shape[1] != weight.shape[1] * self.group:
+            return None
+        geometry = self.__dict__.get("_geometry")
+        if geometry is None or geometry[0] != x.shape[2:]:  # per spatial size (automatic pads depend on it)
+            strides, dilations, begins, ends = self.integer.geometry(x, weight)
+            geometry = self.__dict__["_geometry"] = (x.shape[2:], strides, begins + ends, dilations)
+        if min(geometry[2], default=0) < 0:
+            return None
+        return _NATIVE.dynamic_quantized_conv.default(x, *operands, *geometry[1:], self.group)
+
+    def _operands(self) -> tuple[Tensor, tuple]:
+        """(weight, the native op's weight operands), prepared once per version of the buffers (load_state_dict
+        and .to() change them) and kept: packing costs more than a small product."""
+        buffers = buffer_dict(self)
+        w, z, s, b = buffers["weight"], buffers["weight_zero_point"], buffers["weight_scale"], buffers["bias"]
+        try:
+            versions = (w._version, s._version, -1 if z is None else z._version, -1 if b is None else b._version)
+        except RuntimeError:  # inference tensors have no version counter: prepared at every call
+            return w, _prepare(self.native_form, self.group, w, z, s, b)
+        kept = self.__dict__.get("_kept")
+        if (kept is None or kept[0] != versions or kept[1] is not w or kept[2] is not z or kept[3] is not s
+                or kept[4] is not b):
+            prepared = _prepare(self.native_form, self.group, w, z, s, b)
+            kept = self.__dict__["_kept"] = (versions, w, z, s, b, prepared)
+        return w, kept[5]
+
+
+def _per_channel(t: Tensor | None, channels: int, rank: int, axis: int) -> bool:
+    """Whether t is absent, one value, or ``channels`` values along ``axis`` (from the end) of a rank-``rank``
+    output, without growing its rank."""
+    if t is None or (t.numel() == 1 and t.dim() <= rank):
+        return True
+    return t.dim() <= rank and t.dim() >= axis and t.shape[-axis] == channels and t.numel() == channels
+
+
+def _native_form(integer, weight: Tensor, zero_point: Tensor | None, scale: Tensor, bias: Tensor | None):
+    """"matmul" or "conv" where the native kernel's fused ops compute this product, else None."""
+    if weight.dtype not in (torch.uint8, torch.int8) or (zero_point is not None and zero_point.dtype != weight.dtype):
+        return None
+    if isinstance(integer, MatMulInteger) and weight.dim() == 2:
+        columns = weight.shape[1]
+        ok = zero_point is None or zero_point.numel() == 1 or (zero_point.dim() == 1 and len(zero_point) == columns)
+        return "matmul" if ok and all(_per_channel(t, columns, max(t.dim(), 1), 1) for t in (scale, bias)
+                                      if t is not None) else None
+    if isinstance(integer, ConvInteger) and 3 <= weight.dim() <= 5:
+        channels, rank = weight.shape[0], weight.dim()
+        ok = zero_point is None or zero_point.numel() in (1, channels)
+        return "conv" if ok and all(_per_channel(t, channels, rank, rank - 1) for t in (scale, bias)) else None
+    return None
+
+
+def _prepare(form: str, group: int, weight: Tensor, zero_point: Tensor | None, scale: Tensor,
+             bias: Tensor | None) -> tuple:
+    """The native op's weight operands: the weights packed (int8_matrix_pack or conv_weight_pack), their column
+    sums, their offsets (128 for uint8 weights, minus the zero point, per output channel), the scale and the bias
+    as float32 vectors; the convolution's weight shape."""
+    vectors = (scale.float().reshape(-1).contiguous(), None if bias is None else bias.float().reshape(-1).contiguous())
+    zero = 0 if zero_point is None else zero_point.to(torch.int32).reshape(-1)
+    matmul, contiguous = form == "matmul", weight.contiguous()
+    panels, sums = _NATIVE.int8_matrix_pack(contiguous) if matmul else _NATIVE.conv_weight_pack(contiguous, group)
+    shift = torch.full((weight.shape[1 if matmul else 0],), 128 if weight.dtype == torch.uint8 else 0,
+                       dtype=torch.int32)
+    operands = (panels, sums, (shift - zero).contiguous(), *vectors)
+    return operands if matmul else (*operands, list(weight.shape))
 
 
 def convert_and_pack(value: Tensor, dtype: torch.dtype) -> Tensor:

@@ -7,10 +7,21 @@
 //       w - w_zero_point [M, C / group, *kernel]: x's zero point one value, w's one value or one per output
 //       channel; uint8 or int8 each; pads = begins then ends per spatial axis (padding is x's zero point, i.e. zero
 //       after the shift). Integer sums are exact in any order (onnxruntime's int32 accumulator, wrapping alike).
+//   conv_weight_pack(Tensor w, int group) -> (Tensor panels, Tensor column_sums)
+//       contiguous uint8 or int8 weights [M, C / group, *kernel] as each group's matrix [taps, M / group] in int8
+//       panels (int8.h), once per weight (the caller keeps them)
+//   dynamic_quantized_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, Tensor? bias,
+//                          int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor
+//       quantize_dynamic's chain DynamicQuantizeLinear -> ConvInteger by constant weights -> Cast -> Mul(x_scale *
+//       w_scale) [-> Add bias] in one call: float32 x (contiguous) quantized to uint8 over its range, convolved by
+//       the packed weights (offsets [M] int32: 128 for uint8 weights, minus their zero point), then
+//       float32(acc) * (x_scale * scale[m]) [+ bias[m]] per output channel m, each step rounded (scale [1] or [M],
+//       bias [M] float32)
 //
-// im2col: a tile of output positions gathers its shifted inputs as int16 [taps][positions], then each output
-// channel's row is Σ_tap w[tap] * column[tap] over the tile (contiguous: the compiler vectorises it). Raw pointers
-// and few ATen calls (the stable-ABI port).
+// im2col and an integer product: a tile of output positions gathers its inputs (uint8; int8 shifted by 128) from
+// x padded with its zero point, as rows of taps, times each group's weight panels with the zero points as row and
+// column sums (int8.h: products; AVX-512 VNNI where built for it). Raw pointers and few ATen calls (the stable-ABI
+// port).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,16 +29,22 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
+#include <tuple>
 #include <vector>
+
+#include "int8.h"  // dynamic quantization (last: from there on, no float operation is contracted)
 
 namespace onnx2torch_rnn {
 namespace {
 
-constexpr int64_t kTile = 256;  // output positions per task
+using namespace int8;
 
-struct Geometry {  // three spatial axes (missing ones of size 1)
-  int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
+constexpr int64_t kTile = 256;  // output positions per task: rows of one product
+
+struct Geometry {  // three spatial axes (missing ones of size 1); padded: in + pads before and after
+  int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3], padded[3];
 };
 
 // 8-bit values as int32 (uint8 or int8 storage).
@@ -43,44 +60,138 @@ std::vector<int32_t> zero_points(const std::optional<at::Tensor>& zero_point, in
   return std::vector<int32_t>(z.data_ptr<int32_t>(), z.data_ptr<int32_t>() + z.numel());
 }
 
-// One tile of output positions [p0, p1) of image n, group g: y[m][p] for the group's output channels.
-void conv_tile(const void* x, bool x_signed, int32_t x_zero, const int16_t* w, const Geometry& s, int64_t C,
-               int64_t M, int64_t channels, int64_t n, int64_t g, int64_t group_out, int64_t p0, int64_t p1,
-               int32_t* y, std::vector<int16_t>& column) {
-  const int64_t taps = channels * s.kernel[0] * s.kernel[1] * s.kernel[2], width = p1 - p0;
-  const int64_t plane = s.in[0] * s.in[1] * s.in[2], positions = s.out[0] * s.out[1] * s.out[2];
-  column.assign(taps * width, 0);
-  for (int64_t p = p0; p < p1; ++p) {
-    const int64_t o2 = p % s.out[2], o1 = p / s.out[2] % s.out[1], o0 = p / (s.out[2] * s.out[1]);
-    int64_t tap = 0;
-    for (int64_t c = 0; c < channels; ++c) {
-      const int64_t base = (n * C + g * channels + c) * plane;
-      for (int64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
-        const int64_t i0 = o0 * s.stride[0] - s.pad[0] + k0 * s.dilation[0];
-        for (int64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
-          const int64_t i1 = o1 * s.stride[1] - s.pad[1] + k1 * s.dilation[1];
-          for (int64_t k2 = 0; k2 < s.kernel[2]; ++k2, ++tap) {
-            const int64_t i2 = o2 * s.stride[2] - s.pad[2] + k2 * s.dilation[2];
-            if (i0 < 0 || i0 >= s.in[0] || i1 < 0 || i1 >= s.in[1] || i2 < 0 || i2 >= s.in[2]) continue;
-            const int64_t i = base + (i0 * s.in[1] + i1) * s.in[2] + i2;
-            column[tap * width + p - p0] = static_cast<int16_t>(value_at(x, x_signed, i) - x_zero);
-          }
-        }
+// The geometry of x [N, C, *spatial] convolved by w [M, C / group, *kernel], checked.
+Geometry geometry(const at::Tensor& x, at::IntArrayRef w, at::IntArrayRef strides, at::IntArrayRef pads,
+                  at::IntArrayRef dilations, int64_t group) {
+  const int64_t rank = x.dim() - 2;
+  TORCH_CHECK_VALUE(rank >= 1 && rank <= 3 && static_cast<int64_t>(w.size()) == x.dim() && group >= 1 &&
+                        x.size(1) % group == 0 && w[0] % group == 0 && w[1] * group == x.size(1),
+                    "conv_integer: x [N, C, 1-3 spatial axes] and w [M, C / group, kernel] expected, got ", x.sizes(),
+                    " and ", w, " with group ", group);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(strides.size()) == rank && static_cast<int64_t>(dilations.size()) == rank &&
+                        static_cast<int64_t>(pads.size()) == 2 * rank,
+                    "conv_integer: strides, dilations and pads (begins, ends) per spatial axis expected");
+  Geometry s;
+  for (int a = 0; a < 3; ++a) {
+    const int64_t d = a - (3 - rank);  // the spatial axis this one is, or negative (size 1)
+    s.in[a] = d >= 0 ? x.size(2 + d) : 1;
+    s.kernel[a] = d >= 0 ? w[2 + d] : 1;
+    s.stride[a] = d >= 0 ? strides[d] : 1;
+    s.dilation[a] = d >= 0 ? dilations[d] : 1;
+    s.pad[a] = d >= 0 ? pads[d] : 0;
+    const int64_t span = (s.kernel[a] - 1) * s.dilation[a] + 1;
+    const int64_t padded = s.in[a] + s.pad[a] + (d >= 0 ? pads[rank + d] : 0);
+    TORCH_CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && padded >= span && s.pad[a] >= 0 &&
+                          padded >= s.in[a] + s.pad[a],
+                      "conv_integer: non-negative pads and a kernel that fits the padded input expected");
+    s.out[a] = (padded - span) / s.stride[a] + 1;
+    s.padded[a] = padded;
+  }
+  return s;
+}
+
+// The output shape [N, M, *out].
+std::vector<int64_t> output_shape(const at::Tensor& x, int64_t M, const Geometry& s) {
+  const int64_t rank = x.dim() - 2;
+  std::vector<int64_t> shape{x.size(0), M};
+  for (int64_t d = 0; d < rank; ++d) shape.push_back(s.out[3 - rank + d]);
+  return shape;
+}
+
+// x as uint8 (int8 shifted by 128) [N·C][padded planes], the padding filled with `pad` (x's zero point, shifted:
+// zero after the subtraction).
+std::vector<uint8_t> padded_input(const void* x, bool x_signed, uint8_t pad, const Geometry& s, int64_t planes) {
+  const int64_t P1 = s.padded[1], P2 = s.padded[2], plane = s.padded[0] * P1 * P2;
+  std::vector<uint8_t> xp(planes * plane, pad);
+  for (int64_t r = 0; r < planes; ++r) {
+    for (int64_t i0 = 0; i0 < s.in[0]; ++i0) {
+      for (int64_t i1 = 0; i1 < s.in[1]; ++i1) {
+        const int64_t src = ((r * s.in[0] + i0) * s.in[1] + i1) * s.in[2];
+        uint8_t* dst = xp.data() + r * plane + ((i0 + s.pad[0]) * P1 + i1 + s.pad[1]) * P2 + s.pad[2];
+        for (int64_t i2 = 0; i2 < s.in[2]; ++i2)
+          dst[i2] = static_cast<uint8_t>(value_at(x, x_signed, src + i2) + (x_signed ? 128 : 0));
       }
     }
   }
-  std::vector<uint32_t> row(width);  // unsigned: wraps past 2^31 as onnxruntime's int32 accumulator does
-  for (int64_t m = 0; m < group_out; ++m) {
-    std::fill(row.begin(), row.end(), 0u);
-    const int16_t* wm = w + (g * group_out + m) * taps;
-    for (int64_t tap = 0; tap < taps; ++tap) {
-      const int32_t weight = wm[tap];
-      const int16_t* col = column.data() + tap * width;
-      for (int64_t j = 0; j < width; ++j) row[j] += static_cast<uint32_t>(weight * int32_t{col[j]});
-    }
-    int32_t* out = y + (n * M + g * group_out + m) * positions + p0;
-    for (int64_t j = 0; j < width; ++j) out[j] = static_cast<int32_t>(row[j]);
+  return xp;
+}
+
+// Each group's weights [M / group, taps] as the matrix [taps, M / group] in int8 panels (int8.h).
+std::vector<Panels> weight_panels(const uint8_t* w, bool w_unsigned, int64_t M, int64_t group, int64_t taps) {
+  const int64_t group_out = M / group;
+  std::vector<Panels> out;
+  for (int64_t g = 0; g < group; ++g) {
+    const uint8_t* wg = w + g * group_out * taps;
+    out.push_back(pack_values(taps, panel_blocks(group_out), w_unsigned,
+                              [wg, taps](int64_t k, int64_t j) { return wg[j * taps + k]; },
+                              [group_out](int64_t b, int g2, int l) {
+                                const int64_t j = (b * G + g2) * L + l;
+                                return j < group_out ? j : int64_t{-1};
+                              }));
   }
+  return out;
+}
+
+// The weights as the convolution reads them: per group, panels' data and column sums, and offsets (the weights'
+// shift minus their zero point per output channel, padded to whole blocks).
+struct Weights {
+  std::vector<const int8_t*> data;
+  std::vector<const int32_t*> sums;
+  std::vector<int32_t> offsets;  // [group][panel_blocks(M / group) · G · L]
+};
+
+// Calls emit(n, m, p, acc) with the exact int32 sum of output channel m of image n at output position p: im2col
+// rows of a tile of output positions (uint8, x's zero point `x_zero` in its padding) times each group's weight
+// panels (int8.h: products), in parallel over images, groups and tiles.
+template <typename Emit>
+void convolve(const void* x, bool x_signed, int32_t x_zero, const Weights& w, const Geometry& s, int64_t N,
+              int64_t C, int64_t M, int64_t group, Emit emit) {
+  const int64_t channels = C / group, group_out = M / group, padded = panel_blocks(group_out) * G * L;
+  const int64_t taps = channels * s.kernel[0] * s.kernel[1] * s.kernel[2];
+  const int64_t P1 = s.padded[1], P2 = s.padded[2], plane = s.padded[0] * P1 * P2;
+  const int64_t positions = s.out[0] * s.out[1] * s.out[2];
+  const int32_t zero = x_zero + (x_signed ? 128 : 0);
+  const std::vector<uint8_t> xp = padded_input(x, x_signed, static_cast<uint8_t>(zero), s, N * C);
+  std::vector<int64_t> offsets;  // of each tap from its output position's origin in the padded input
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t k0 = 0; k0 < s.kernel[0]; ++k0)
+      for (int64_t k1 = 0; k1 < s.kernel[1]; ++k1)
+        for (int64_t k2 = 0; k2 < s.kernel[2]; ++k2)
+          offsets.push_back(c * plane + (k0 * s.dilation[0] * P1 + k1 * s.dilation[1]) * P2 + k2 * s.dilation[2]);
+  const int64_t tiles = (positions + kTile - 1) / kTile, tasks = N * group * tiles;
+  const int64_t grain = std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(1, kTile * taps * group_out));
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t tile = task % tiles, g = task / tiles % group, n = task / (tiles * group);
+      const int64_t p0 = tile * kTile, rows = std::min(positions, p0 + kTile) - p0;
+      Quantized a(rows, taps);
+      const int64_t* const tap = offsets.data();  // locals: the byte stores below could alias what [&] reaches
+      const int64_t count = taps;
+      const uint8_t* image = xp.data() + (n * C + g * channels) * plane;
+      int64_t o2 = p0 % s.out[2], o1 = p0 / s.out[2] % s.out[1], o0 = p0 / (s.out[2] * s.out[1]);
+      for (int64_t i = 0; i < rows; ++i, ++o2) {  // position p0 + i is (o0, o1, o2): counted, not divided
+        if (o2 == s.out[2]) o2 = 0, ++o1;
+        if (o1 == s.out[1]) o1 = 0, ++o0;
+        const uint8_t* origin = image + (o0 * s.stride[0] * P1 + o1 * s.stride[1]) * P2 + o2 * s.stride[2];
+        uint8_t* row = a.q.data() + i * a.lda;
+        int32_t sum = 0;
+        for (int64_t t = 0; t < count; ++t) sum += row[t] = origin[tap[t]];
+        a.sums[i] = sum;
+      }
+      products(a, rows, taps, false, w.data[g], w.sums[g], group_out, w.offsets.data() + g * padded,
+               [zero](int64_t) { return zero; }, [&](int64_t i, int64_t j0, I exact, int count) {
+                 for (int l = 0; l < count; ++l) emit(n, g * group_out + j0 + l, p0 + i, exact[l]);
+               });
+    }
+  });
+}
+
+// Offsets per output channel [M] as [group][panel_blocks(M / group) · G · L], zeros in the padding.
+std::vector<int32_t> grouped(const int32_t* offsets, int64_t M, int64_t group) {
+  const int64_t group_out = M / group, padded = panel_blocks(group_out) * G * L;
+  std::vector<int32_t> out(group * padded, 0);
+  for (int64_t m = 0; m < M; ++m) out[m / group_out * padded + m % group_out] = offsets[m];
+  return out;
 }
 
 at::Tensor conv_integer_cpu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& x_zero_point,
@@ -89,57 +200,88 @@ at::Tensor conv_integer_cpu(const at::Tensor& x, const at::Tensor& w, const std:
   for (const at::Tensor* t : {&x, &w})
     TORCH_CHECK_VALUE(t->scalar_type() == at::kByte || t->scalar_type() == at::kChar,
                       "conv_integer: uint8 or int8 operands expected, got ", t->scalar_type());
-  const int64_t rank = x.dim() - 2;
-  TORCH_CHECK_VALUE(rank >= 1 && rank <= 3 && w.dim() == x.dim() && group >= 1 && x.size(1) % group == 0 &&
-                        w.size(0) % group == 0 && w.size(1) * group == x.size(1),
-                    "conv_integer: x [N, C, 1-3 spatial axes] and w [M, C / group, kernel] expected, got ", x.sizes(),
-                    " and ", w.sizes(), " with group ", group);
-  TORCH_CHECK_VALUE(static_cast<int64_t>(strides.size()) == rank && static_cast<int64_t>(dilations.size()) == rank &&
-                        static_cast<int64_t>(pads.size()) == 2 * rank,
-                    "conv_integer: strides, dilations and pads (begins, ends) per spatial axis expected");
-  Geometry s;
-  for (int a = 0; a < 3; ++a) {
-    const int64_t d = a - (3 - rank);  // the spatial axis this one is, or negative (size 1)
-    s.in[a] = d >= 0 ? x.size(2 + d) : 1;
-    s.kernel[a] = d >= 0 ? w.size(2 + d) : 1;
-    s.stride[a] = d >= 0 ? strides[d] : 1;
-    s.dilation[a] = d >= 0 ? dilations[d] : 1;
-    s.pad[a] = d >= 0 ? pads[d] : 0;
-    const int64_t span = (s.kernel[a] - 1) * s.dilation[a] + 1;
-    const int64_t padded = s.in[a] + s.pad[a] + (d >= 0 ? pads[rank + d] : 0);
-    TORCH_CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && padded >= span,
-                      "conv_integer: the kernel does not fit the padded input");
-    s.out[a] = (padded - span) / s.stride[a] + 1;
-  }
-  const int64_t N = x.size(0), C = x.size(1), M = w.size(0), channels = C / group, group_out = M / group;
-  const int64_t taps = channels * s.kernel[0] * s.kernel[1] * s.kernel[2];
-  const int64_t positions = s.out[0] * s.out[1] * s.out[2];
+  const Geometry s = geometry(x, w.sizes(), strides, pads, dilations, group);
+  const int64_t N = x.size(0), C = x.size(1), M = w.size(0);
+  const int64_t taps = w.numel() / std::max<int64_t>(1, M);
   const std::vector<int32_t> zx = zero_points(x_zero_point, 1, "x's");
   const std::vector<int32_t> zw = zero_points(w_zero_point, M, "w's");
-  const at::Tensor xc = x.contiguous(), wc = w.contiguous();
-  std::vector<int16_t> shifted(M * taps);  // w - its zero point, [M][taps]
-  const bool w_signed = w.scalar_type() == at::kChar;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t t = 0; t < taps; ++t)
-      shifted[m * taps + t] =
-          static_cast<int16_t>(value_at(wc.data_ptr(), w_signed, m * taps + t) - zw[zw.size() == 1 ? 0 : m]);
-
-  std::vector<int64_t> shape{N, M};
-  for (int64_t d = 0; d < rank; ++d) shape.push_back(s.out[3 - rank + d]);
-  at::Tensor out = at::empty(shape, x.options().dtype(at::kInt));
-  int32_t* y = out.data_ptr<int32_t>();
-  const void* xd = xc.data_ptr();
-  const bool x_signed = x.scalar_type() == at::kChar;
-  const int64_t tiles = (positions + kTile - 1) / kTile, tasks = N * group * tiles;
-  const int64_t grain = std::max<int64_t>(1, (1 << 18) / (kTile * taps * group_out));  // ~2^18 products a chunk
-  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<int16_t> column;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t tile = task % tiles, g = task / tiles % group, n = task / (tiles * group);
-      conv_tile(xd, x_signed, zx[0], shifted.data(), s, C, M, channels, n, g, group_out, tile * kTile,
-                std::min(positions, (tile + 1) * kTile), y, column);
-    }
+  const at::Tensor xc = x.contiguous();
+  // the weights packed once per tensor and version (int8.h: PanelCache), one matrix per group
+  const PanelCache::Entry panels = panel_cache().get(w, /*kind=*/3, [&] {
+    const at::Tensor wc = w.contiguous();
+    return weight_panels(static_cast<const uint8_t*>(wc.data_ptr()), w.scalar_type() == at::kByte, M, group, taps);
   });
+  std::vector<int32_t> offsets(M);  // the weights' shift minus their zero point
+  for (int64_t m = 0; m < M; ++m) offsets[m] = (*panels)[0].shift - zw[zw.size() == 1 ? 0 : m];
+  Weights weights{{}, {}, grouped(offsets.data(), M, group)};
+  for (const Panels& p : *panels) {
+    weights.data.push_back(p.data.data());
+    weights.sums.push_back(p.column_sums.data());
+  }
+  const int64_t positions = s.out[0] * s.out[1] * s.out[2];
+  at::Tensor out = at::empty(output_shape(x, M, s), x.options().dtype(at::kInt));
+  int32_t* y = out.data_ptr<int32_t>();
+  convolve(xc.data_ptr(), x.scalar_type() == at::kChar, zx[0], weights, s, N, C, M, group,
+           [&](int64_t n, int64_t m, int64_t p, int32_t acc) { y[(n * M + m) * positions + p] = acc; });
+  return out;
+}
+
+// The one place this file's new ops allocate their outputs.
+at::Tensor allocate(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
+  return at::empty(sizes, at::TensorOptions().dtype(dtype));
+}
+
+std::tuple<at::Tensor, at::Tensor> conv_weight_pack_cpu(const at::Tensor& w, int64_t group) {
+  TORCH_CHECK_VALUE(w.dim() >= 3 && (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar) &&
+                        w.is_contiguous() && group >= 1 && w.size(0) % group == 0,
+                    "conv_weight_pack: contiguous uint8 or int8 weights [M, C / group, kernel] expected");
+  const int64_t M = w.size(0), taps = w.numel() / std::max<int64_t>(1, M);
+  const std::vector<Panels> panels =
+      weight_panels(static_cast<const uint8_t*>(w.data_ptr()), w.scalar_type() == at::kByte, M, group, taps);
+  const int64_t size = panels[0].data.size(), count = panels[0].column_sums.size();
+  at::Tensor data = allocate({group * size}, at::kChar), sums = allocate({group * count}, at::kInt);
+  for (int64_t g = 0; g < group; ++g) {
+    std::memcpy(static_cast<int8_t*>(data.data_ptr()) + g * size, panels[g].data.data(), size);
+    std::memcpy(sums.data_ptr<int32_t>() + g * count, panels[g].column_sums.data(), sizeof(int32_t) * count);
+  }
+  return {data, sums};
+}
+
+at::Tensor dynamic_quantized_conv_cpu(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& column_sums,
+                                      const at::Tensor& offsets, const at::Tensor& scale,
+                                      const std::optional<at::Tensor>& bias, at::IntArrayRef weight_shape,
+                                      at::IntArrayRef strides, at::IntArrayRef pads, at::IntArrayRef dilations,
+                                      int64_t group) {
+  // dtypes and contiguity as the caller (modules/quantized.py) checked them; the layout's size re-checked
+  const Geometry s = geometry(x, weight_shape, strides, pads, dilations, group);
+  const int64_t N = x.size(0), C = x.size(1), M = weight_shape[0], group_out = M / group;
+  const int64_t taps = C / group * s.kernel[0] * s.kernel[1] * s.kernel[2];
+  const int64_t size = panel_blocks(group_out) * (taps + 3) / 4 * G * L * 4, count = panel_blocks(group_out) * G * L;
+  TORCH_CHECK_VALUE(panels.numel() == group * size && column_sums.numel() == group * count && offsets.numel() == M,
+                    "dynamic_quantized_conv: weights not packed by conv_weight_pack for this shape");
+  const float* v = x.data_ptr<float>();
+  float low = 0, high = 0;
+  widen(v, x.numel(), low, high);
+  const Parameters p = parameters(low, high);
+  std::vector<uint8_t> q(x.numel());
+  quantize(v, x.numel(), p, q.data());
+  Weights weights{{}, {}, grouped(offsets.data_ptr<int32_t>(), M, group)};
+  for (int64_t g = 0; g < group; ++g) {
+    weights.data.push_back(static_cast<const int8_t*>(panels.data_ptr()) + g * size);
+    weights.sums.push_back(column_sums.data_ptr<int32_t>() + g * count);
+  }
+  std::vector<float> factor(M);  // x_scale * w_scale per output channel, rounded
+  for (int64_t m = 0; m < M; ++m) factor[m] = p.scale * scale.data_ptr<float>()[scale.numel() == 1 ? 0 : m];
+  const float* add = bias ? bias->data_ptr<float>() : nullptr;
+
+  const int64_t positions = s.out[0] * s.out[1] * s.out[2];
+  at::Tensor out = allocate(output_shape(x, M, s), at::kFloat);
+  float* y = out.data_ptr<float>();
+  convolve(q.data(), false, p.zero_point, weights, s, N, C, M, group,
+           [&](int64_t n, int64_t m, int64_t position, int32_t acc) {
+             const float value = static_cast<float>(acc) * factor[m];
+             y[(n * M + m) * positions + position] = add ? value + add[m] : value;
+           });
   return out;
 }
 
@@ -148,8 +290,15 @@ at::Tensor conv_integer_cpu(const at::Tensor& x, const at::Tensor& w, const std:
 TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("conv_integer(Tensor x, Tensor w, Tensor? x_zero_point, Tensor? w_zero_point, int[] strides, int[] pads, "
         "int[] dilations, int group) -> Tensor");
+  m.def("conv_weight_pack(Tensor w, int group) -> (Tensor, Tensor)");
+  m.def("dynamic_quantized_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, "
+        "Tensor? bias, int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) { m.impl("conv_integer", &conv_integer_cpu); }
+TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
+  m.impl("conv_integer", &conv_integer_cpu);
+  m.impl("conv_weight_pack", &conv_weight_pack_cpu);
+  m.impl("dynamic_quantized_conv", &dynamic_quantized_conv_cpu);
+}
 
 }  // namespace onnx2torch_rnn

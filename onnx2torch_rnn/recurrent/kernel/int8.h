@@ -56,14 +56,11 @@ struct Panels {
   int64_t K = 0, K4 = 0;
 };
 
-template <typename Column>
-Panels pack(const at::Tensor& M, int64_t blocks, Column column) {
-  const bool unsigned_values = M.scalar_type() == at::kByte;
-  const at::Tensor m = M.contiguous();
-  const uint8_t* w = static_cast<const uint8_t*>(m.data_ptr());
-  const int64_t columns = M.size(1);
+// value(k, source): the matrix's 8-bit value (its storage as uint8) at row k, column source.
+template <typename Value, typename Column>
+Panels pack_values(int64_t K, int64_t blocks, bool unsigned_values, Value value, Column column) {
   Panels p;
-  p.K = M.size(0);
+  p.K = K;
   p.K4 = (p.K + 3) / 4;
   p.shift = unsigned_values ? 128 : 0;
   p.data.assign(blocks * p.K4 * G * L * 4, 0);
@@ -75,15 +72,24 @@ Panels pack(const at::Tensor& M, int64_t blocks, Column column) {
         if (source < 0) continue;
         int32_t& sum = p.column_sums[(b * G + g) * L + l];
         for (int64_t k = 0; k < p.K; ++k) {
-          const uint8_t raw = w[k * columns + source];
-          const int8_t value = static_cast<int8_t>(unsigned_values ? raw ^ 0x80 : raw);
-          p.data[(((b * p.K4 + k / 4) * G + g) * L + l) * 4 + k % 4] = value;
-          sum += value;
+          const uint8_t raw = value(k, source);
+          const int8_t v = static_cast<int8_t>(unsigned_values ? raw ^ 0x80 : raw);
+          p.data[(((b * p.K4 + k / 4) * G + g) * L + l) * 4 + k % 4] = v;
+          sum += v;
         }
       }
     }
   }
   return p;
+}
+
+template <typename Column>
+Panels pack(const at::Tensor& M, int64_t blocks, Column column) {
+  const at::Tensor m = M.contiguous();
+  const uint8_t* w = static_cast<const uint8_t*>(m.data_ptr());
+  const int64_t columns = M.size(1);
+  return pack_values(M.size(0), blocks, M.scalar_type() == at::kByte,
+                     [w, columns](int64_t k, int64_t source) { return w[k * columns + source]; }, column);
 }
 
 // Packed weights per tensor and version (per layout `kind`): a weight modified in place bumps its version counter; a
@@ -291,6 +297,68 @@ struct Quantized : Parameters {
 
   Quantized(int64_t rows, int64_t size) : q(rows * ((size + 3) / 4 * 4), 0), sums(rows, 0), lda((size + 3) / 4 * 4) {}
 };
+
+// ---- products of quantized rows by packed weights ------------------------------------------------------------------
+
+inline int64_t panel_blocks(int64_t N) { return (N + G * L - 1) / (G * L); }
+
+// Σ_k a[k] · b[k] for uint8 a and int8 b, exact.
+inline int32_t dot_row(const uint8_t* a, const int8_t* b, int64_t K) {
+#if defined(ONNX2TORCH_RNN_VNNI) && defined(__AVX512BW__)
+  __m512i acc = _mm512_setzero_si512();
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(a + k), _mm512_loadu_si512(b + k));
+  if (k < K) {
+    const __mmask64 mask = ~0ULL >> (64 - (K - k));
+    acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi8(mask, a + k), _mm512_maskz_loadu_epi8(mask, b + k));
+  }
+  return _mm512_reduce_add_epi32(acc);
+#else
+  int32_t sum = 0;
+  for (int64_t k = 0; k < K; ++k) sum += int32_t{a[k]} * int32_t{b[k]};
+  return sum;
+#endif
+}
+
+// The exact products of M uint8 rows (row i's zero point row_zero(i)) with weights w [K, N] packed column by column
+// (`columns`) or as panels (data and column sums; offsets[j] = w's shift - its zero point, padded to whole blocks):
+// out(i, j0, exact, count) for each run of up to L columns j0 .. j0 + count - 1 of row i.
+template <typename RowZero, typename Out>
+void products(const Quantized& rows, int64_t M, int64_t K, bool columns, const int8_t* data,
+              const int32_t* column_sums, int64_t N, const int32_t* offsets, RowZero row_zero, Out out) {
+  if (columns) {
+    for (int64_t i = 0; i < M; ++i) {
+      const int32_t zero = row_zero(i), row = rows.sums[i] - zero * static_cast<int32_t>(K);
+      for (int64_t j0 = 0; j0 < N; j0 += L) {
+        const int count = static_cast<int>(std::min<int64_t>(L, N - j0));
+        I exact = {};
+        for (int l = 0; l < count; ++l) {
+          const int64_t j = j0 + l;
+          exact[l] = dot_row(rows.q.data() + i * rows.lda, data + j * K, K) - zero * column_sums[j] + offsets[j] * row;
+        }
+        out(i, j0, exact, count);
+      }
+    }
+    return;
+  }
+  const int64_t K4 = (K + 3) / 4;
+  for (int64_t block = 0; block < panel_blocks(N); ++block) {
+    const int8_t* panel = data + block * K4 * G * L * 4;
+    const int32_t* sums = column_sums + block * G * L;
+    tiles(rows.q.data(), rows.lda, M, panel, K4, [&](int64_t n0, auto& acc) {
+      for (int m = 0; m < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++m) {
+        const int64_t i = n0 + m;
+        const int32_t zero = row_zero(i), row = rows.sums[i] - zero * static_cast<int32_t>(K);
+        for (int g = 0; g < G; ++g) {
+          const int64_t column = (block * G + g) * L;
+          if (column >= N) break;
+          const I exact = acc[m][g] - zero * load(sums + g * L) + load(offsets + column) * row;
+          out(i, column, exact, static_cast<int>(std::min<int64_t>(L, N - column)));
+        }
+      }
+    });
+  }
+}
 
 // ---- MLAS's activations ---------------------------------------------------------------------------------------------
 

@@ -7,6 +7,15 @@
 //   matmul_integer(Tensor a, Tensor b, Tensor? a_zero_point, Tensor? b_zero_point) -> Tensor
 //       the exact int32 product (a - a_zero_point) @ (b - b_zero_point): a [..., K] (zero point scalar or per row of
 //       its last matrix), b [K, N] (scalar or per column), uint8 or int8 each
+//   int8_matrix_pack(Tensor b) -> (Tensor panels, Tensor column_sums)
+//       b [K, N] (uint8 or int8, contiguous) in the int8 layout dynamic_quantized_matmul reads (int8 panels of this
+//       build's vector width, or column by column for few columns), once per weight (the caller keeps it)
+//   dynamic_quantized_matmul(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, Tensor? bias)
+//       -> Tensor
+//       quantize_dynamic's chain DynamicQuantizeLinear -> MatMulInteger by constant b -> Cast -> Mul(x_scale *
+//       b_scale) [-> Add bias] in one call: float32 x [..., K] (contiguous) quantized to uint8 over its range, the
+//       exact int32 product with b (packed; offsets [N] int32: 128 for uint8 b, minus b's zero point), then
+//       float32(acc) * (x_scale * scale[j]) [+ bias[j]], each step rounded (scale [1] or [N], bias [N] float32)
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -58,54 +67,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quantize_linear_cpu(const
 }
 
 // b [K, N] as panels, block b holding columns b·G·L .. (b + 1)·G·L - 1.
-PanelCache::Entry matrix_panels(const at::Tensor& b, int64_t blocks) {
+Panels matrix_pack(const at::Tensor& b, int64_t blocks) {
   const int64_t columns = b.size(1);
-  return panel_cache().get(b, /*kind=*/0, [&] {
-    return std::vector<Panels>{pack(b, blocks, [columns](int64_t block, int g, int l) {
-      const int64_t column = (block * G + g) * L + l;
-      return column < columns ? column : int64_t{-1};
-    })};
+  return pack(b, blocks, [columns](int64_t block, int g, int l) {
+    const int64_t column = (block * G + g) * L + l;
+    return column < columns ? column : int64_t{-1};
   });
 }
 
 // b [K, N] column by column (for few columns, where panels of 64 would be mostly zeros): data [N][K], column sums.
-PanelCache::Entry column_panels(const at::Tensor& b) {
-  return panel_cache().get(b, /*kind=*/2, [&] {
-    const at::Tensor m = b.contiguous();
-    const uint8_t* w = static_cast<const uint8_t*>(m.data_ptr());
-    const int64_t K = b.size(0), N = b.size(1);
-    Panels p;
-    p.K = K;
-    p.shift = b.scalar_type() == at::kByte ? 128 : 0;
-    p.data.resize(N * K);
-    p.column_sums.assign(N, 0);
-    for (int64_t k = 0; k < K; ++k) {
-      for (int64_t j = 0; j < N; ++j) {
-        const int8_t value = static_cast<int8_t>(p.shift ? w[k * N + j] ^ 0x80 : w[k * N + j]);
-        p.data[j * K + k] = value;
-        p.column_sums[j] += value;
-      }
+Panels column_pack(const at::Tensor& b) {
+  const at::Tensor m = b.contiguous();
+  const uint8_t* w = static_cast<const uint8_t*>(m.data_ptr());
+  const int64_t K = b.size(0), N = b.size(1);
+  Panels p;
+  p.K = K;
+  p.shift = b.scalar_type() == at::kByte ? 128 : 0;
+  p.data.resize(N * K);
+  p.column_sums.assign(N, 0);
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t j = 0; j < N; ++j) {
+      const int8_t value = static_cast<int8_t>(p.shift ? w[k * N + j] ^ 0x80 : w[k * N + j]);
+      p.data[j * K + k] = value;
+      p.column_sums[j] += value;
     }
-    return std::vector<Panels>{std::move(p)};
-  });
+  }
+  return p;
 }
 
-// Σ_k a[k] · b[k] for uint8 a and int8 b, exact.
-inline int32_t dot_row(const uint8_t* a, const int8_t* b, int64_t K) {
-#if defined(ONNX2TORCH_RNN_VNNI) && defined(__AVX512BW__)
-  __m512i acc = _mm512_setzero_si512();
-  int64_t k = 0;
-  for (; k + 64 <= K; k += 64) acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(a + k), _mm512_loadu_si512(b + k));
-  if (k < K) {
-    const __mmask64 mask = ~0ULL >> (64 - (K - k));
-    acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi8(mask, a + k), _mm512_maskz_loadu_epi8(mask, b + k));
-  }
-  return _mm512_reduce_add_epi32(acc);
-#else
-  int32_t sum = 0;
-  for (int64_t k = 0; k < K; ++k) sum += int32_t{a[k]} * int32_t{b[k]};
-  return sum;
-#endif
+bool by_column(int64_t N) { return N < 32; }
+
+PanelCache::Entry cached_panels(const at::Tensor& b) {
+  const bool columns = by_column(b.size(1));
+  return panel_cache().get(b, /*kind=*/columns ? 2 : 0, [&] {
+    return std::vector<Panels>{columns ? column_pack(b) : matrix_pack(b, panel_blocks(b.size(1)))};
+  });
 }
 
 // A zero point as int32 values: none (0), one, or one per index.
@@ -142,11 +138,9 @@ at::Tensor matmul_integer_cpu(const at::Tensor& a, const at::Tensor& b, const st
     }
     rows.sums[i] = sum;
   }
-  const int64_t blocks = (N + G * L - 1) / (G * L);
-  const bool by_column = N < 32;
-  const PanelCache::Entry panels = by_column ? column_panels(b) : matrix_panels(b, blocks);
+  const PanelCache::Entry panels = cached_panels(b);
   const Panels& w = (*panels)[0];
-  std::vector<int32_t> offsets(blocks * G * L, 0);  // b - zero point = int8 panel value + offset, per column
+  std::vector<int32_t> offsets(panel_blocks(N) * G * L, 0);  // b - zero point = int8 panel value + offset
   for (int64_t j = 0; j < N; ++j) offsets[j] = w.shift - zb[zb.size() == 1 ? 0 : j];
   auto row_zero = [&](int64_t i) { return za[za.size() == 1 ? 0 : i % matrix_rows] + a_shift; };
 
@@ -154,33 +148,67 @@ at::Tensor matmul_integer_cpu(const at::Tensor& a, const at::Tensor& b, const st
   shape.back() = N;
   at::Tensor out = at::empty(shape, a.options().dtype(at::kInt));
   int32_t* y = out.data_ptr<int32_t>();
-  if (by_column) {
-    for (int64_t i = 0; i < M; ++i) {
-      const int32_t zero = row_zero(i), row = rows.sums[i] - zero * static_cast<int32_t>(K);
-      for (int64_t j = 0; j < N; ++j) {
-        const int32_t dot = dot_row(rows.q.data() + i * rows.lda, w.data.data() + j * K, K);
-        y[i * N + j] = dot - zero * w.column_sums[j] + offsets[j] * row;
-      }
-    }
-    return out;
-  }
-  for (int64_t block = 0; block < blocks; ++block) {
-    const int8_t* panel = w.data.data() + block * w.K4 * G * L * 4;
-    const int32_t* sums = w.column_sums.data() + block * G * L;
-    tiles(rows.q.data(), rows.lda, M, panel, w.K4, [&](int64_t n0, auto& acc) {
-      for (int m = 0; m < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++m) {
-        const int64_t i = n0 + m;
-        const int32_t zero = row_zero(i);
-        const int32_t row = rows.sums[i] - zero * static_cast<int32_t>(K);
-        for (int g = 0; g < G; ++g) {
-          const int64_t column = (block * G + g) * L;
-          if (column >= N) break;
-          const I exact = acc[m][g] - zero * load(sums + g * L) + load(offsets.data() + column) * row;
-          store(y + i * N + column, exact, static_cast<int>(std::min<int64_t>(L, N - column)));
-        }
-      }
-    });
-  }
+  products(rows, M, K, by_column(N), w.data.data(), w.column_sums.data(), N, offsets.data(), row_zero,
+           [&](int64_t i, int64_t j0, I exact, int count) { store(y + i * N + j0, exact, count); });
+  return out;
+}
+
+// The one place this file's new ops allocate their outputs.
+at::Tensor allocate(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, at::TensorOptions().dtype(dtype));
+}
+
+std::tuple<at::Tensor, at::Tensor> int8_matrix_pack_cpu(const at::Tensor& b) {
+  TORCH_CHECK_VALUE(b.dim() == 2 && (b.scalar_type() == at::kByte || b.scalar_type() == at::kChar) &&
+                        b.is_contiguous(), "int8_matrix_pack: a contiguous uint8 or int8 matrix expected");
+  const Panels p = by_column(b.size(1)) ? column_pack(b) : matrix_pack(b, panel_blocks(b.size(1)));
+  at::Tensor data = allocate({static_cast<int64_t>(p.data.size())}, at::kChar);
+  at::Tensor sums = allocate({static_cast<int64_t>(p.column_sums.size())}, at::kInt);
+  std::memcpy(data.data_ptr(), p.data.data(), p.data.size());
+  std::memcpy(sums.data_ptr(), p.column_sums.data(), sizeof(int32_t) * p.column_sums.size());
+  return {data, sums};
+}
+
+// count values (1: one for every column) as a vector padded with zeros to `padded` values.
+template <typename T>
+std::vector<T> per_column(const T* values, int64_t count, int64_t N, int64_t padded) {
+  std::vector<T> out(padded, T{0});
+  for (int64_t j = 0; j < N; ++j) out[j] = values[count == 1 ? 0 : j];
+  return out;
+}
+
+at::Tensor dynamic_quantized_matmul_cpu(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& column_sums,
+                                        const at::Tensor& offsets, const at::Tensor& scale,
+                                        const std::optional<at::Tensor>& bias) {
+  // dtypes, shapes and contiguity as the caller (modules/quantized.py) checked them; the layout's size re-checked
+  const int64_t K = x.size(-1), N = offsets.numel();
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  const int64_t padded = panel_blocks(N) * G * L;
+  TORCH_CHECK_VALUE(panels.numel() == (by_column(N) ? N * K : padded * ((K + 3) / 4) * 4) &&
+                        column_sums.numel() == (by_column(N) ? N : padded),
+                    "dynamic_quantized_matmul: panels not packed by int8_matrix_pack for this x");
+  const float* v = x.data_ptr<float>();
+  float low = 0, high = 0;
+  widen(v, x.numel(), low, high);
+  Quantized rows(M, K);
+  static_cast<Parameters&>(rows) = parameters(low, high);
+  for (int64_t i = 0; i < M; ++i) rows.sums[i] = quantize(v + i * K, K, rows, rows.q.data() + i * rows.lda);
+  const std::vector<int32_t> offset = per_column(offsets.data_ptr<int32_t>(), N, N, padded);
+  const std::vector<float> multiplier = per_column(scale.data_ptr<float>(), scale.numel(), N, padded);
+  const std::vector<float> add = bias ? per_column(bias->data_ptr<float>(), N, N, padded) : std::vector<float>();
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = N;
+  at::Tensor out = allocate(shape, at::kFloat);
+  float* y = out.data_ptr<float>();
+  const float x_scale = rows.scale;
+  const int32_t zero = rows.zero_point;
+  products(rows, M, K, by_column(N), static_cast<const int8_t*>(panels.data_ptr()), column_sums.data_ptr<int32_t>(), N,
+           offset.data(), [zero](int64_t) { return zero; }, [&](int64_t i, int64_t j0, I exact, int count) {
+             F value = __builtin_convertvector(exact, F) * (x_scale * load(multiplier.data() + j0));
+             if (bias) value = value + load(add.data() + j0);
+             store(y + i * N + j0, value, count);
+           });
   return out;
 }
 
@@ -191,6 +219,9 @@ TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("mlas_logistic(Tensor x) -> Tensor");
   m.def("dynamic_quantize_linear(Tensor x) -> (Tensor, Tensor, Tensor)");
   m.def("matmul_integer(Tensor a, Tensor b, Tensor? a_zero_point, Tensor? b_zero_point) -> Tensor");
+  m.def("int8_matrix_pack(Tensor b) -> (Tensor, Tensor)");
+  m.def("dynamic_quantized_matmul(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, "
+        "Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
@@ -198,6 +229,8 @@ TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("mlas_logistic", &mlas_logistic_cpu);
   m.impl("dynamic_quantize_linear", &dynamic_quantize_linear_cpu);
   m.impl("matmul_integer", &matmul_integer_cpu);
+  m.impl("int8_matrix_pack", &int8_matrix_pack_cpu);
+  m.impl("dynamic_quantized_matmul", &dynamic_quantized_matmul_cpu);
 }
 
 }  // namespace onnx2torch_rnn
