@@ -4,6 +4,10 @@
 # pyproject's ranges, e.g.:  bash scripts/check_versions.sh 3.13 2.15.0
 # Creates .venv-py<PYTHON>-torch<TORCH> once (python<PYTHON> from PATH or pyenv; torch from the package index: the
 # CUDA build, with its nvidia-* wheels, about 5 GB), builds the native kernel and runs pytest (extra arguments go to pytest).
+# KERNEL_WHEEL=dist/onnx2torch_rnn-...whl (CI: the one scripts/check_wheel.sh built with .venv's torch): the kernel's
+# prebuilt libraries come from that wheel, put into the checkout's kernel folder for the run (where an in-place build
+# would put them), and the stable-ABI one must load from there (not be built here): one wheel for every torch from
+# its stable ABI on. The int8 library, built for the wheel's torch only, is built here on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_version=${1:?usage: check_versions.sh PYTHON_VERSION TORCH_VERSION [pytest args...]}
@@ -19,5 +23,17 @@ if [ ! -x "$venv/bin/python" ]; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==${torch_version}" -e '.[test]'
 fi
 "$venv/bin/python" -c "import sys, torch, onnx, onnxruntime, numpy; print('python', sys.version.split()[0], '| torch', torch.__version__, '| onnx', onnx.__version__, '| onnxruntime', onnxruntime.__version__, '| numpy', numpy.__version__)"
-"$venv/bin/python" -c "from onnx2torch_rnn.recurrent import kernel; print('native recurrent kernel:', kernel.variant() if kernel.load() else 'NOT built (the Python path will run)')"
+kernel_folder=onnx2torch_rnn/recurrent/kernel
+if [ -n "${KERNEL_WHEEL:-}" ]; then
+    trap 'rm -f "$kernel_folder"/*.so' EXIT
+    unzip -q -o "$KERNEL_WHEEL" "$kernel_folder/*.so"
+fi
+"$venv/bin/python" - <<'PY'
+import os
+from onnx2torch_rnn.recurrent import kernel
+print('native recurrent kernel:', kernel.variant() if kernel.load() else 'NOT built (the Python path will run)',
+      *(f'{library}: {kernel.library(library)}' for library in ('recurrent', 'int8')))
+if os.environ.get('KERNEL_WHEEL'):
+    assert kernel.library() == str(kernel.prebuilt(kernel.variant())), "the wheel's stable-ABI library did not load"
+PY
 "$venv/bin/python" -m pytest -n 2 -q "$@"

@@ -2,7 +2,8 @@
 # The wheel as a user gets it: built by README's command (Installation) against .venv's torch, installed into a fresh
 # venv, and run there with no compiler on PATH (so a build on first use cannot happen): the wheel's prebuilt kernel
 # loads, the first conversion of the bundled example takes under 5 s, the recurrent tests pass, and the kernel's tests
-# pass under each kernel variant this CPU runs (ONNX2TORCH_RNN_CPU). CI runs it.
+# pass under each kernel variant this CPU runs (ONNX2TORCH_RNN_CPU). CI runs it, then scripts/check_versions.sh with
+# KERNEL_WHEEL set to the wheel it leaves in dist/ (its stable-ABI library under another torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -10,6 +11,7 @@ trap 'rm -rf "$work"' EXIT
 .venv/bin/python -m pip wheel --quiet --no-build-isolation --no-deps -w "$work/dist" .
 wheel=$(ls "$work"/dist/*.whl)
 echo "built $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB)"
+mkdir -p dist && rm -f dist/onnx2torch_rnn-*.whl && cp "$wheel" dist/
 .venv/bin/python -m venv "$work/venv"
 # torch pinned as in .venv (constraints.txt: the CPU build on this machine's disk)
 "$work/venv/bin/python" -m pip install --quiet -c constraints.txt "$wheel[test]" 2>&1 | { grep -v "^WARNING: Location" || true; }
@@ -37,7 +39,8 @@ seconds = time.perf_counter() - start
 print(f"import, first conversion of examples/bilstm_tagger.onnx and its first call: {seconds:.2f} s; kernel "
       f"variant {kernel.variant()} of {kernel.supported()}, from {kernel.library()}")
 assert onnx2torch_rnn.__file__.startswith(sys.prefix), onnx2torch_rnn.__file__
-assert kernel.library() == str(kernel.prebuilt(kernel.variant())), "the wheel's prebuilt kernel did not load"
+for library in ("recurrent", "int8"):
+    assert kernel.library(library) == str(kernel.prebuilt(kernel.variant(), library)), f"{library}: not the wheel's"
 assert seconds < 5, f"the first conversion took {seconds:.2f} s"
 PY
 # the recurrent tests with the variant this CPU runs best; the kernel's own tests (against the Python path) with

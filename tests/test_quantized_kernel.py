@@ -30,7 +30,7 @@ LIBM = ["ScaledTanh", "Elu", "Softplus"]  # libm's tanh/exp here, torch's there:
 
 @pytest.fixture(autouse=True)
 def native_kernel():
-    if not kernel.load() and not os.environ.get("CI"):
+    if not kernel.load("int8") and not os.environ.get("CI"):
         pytest.skip("the native kernel could not be built here (see the warning)")
 
 

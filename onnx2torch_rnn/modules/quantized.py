@@ -186,7 +186,7 @@ def native(*tensors: Tensor) -> bool:
     use) instead of the Python implementation here, which computes the same numbers: CPU inference, not compiling
     or tracing."""
     return (not torch.compiler.is_compiling() and tensors[0].is_cpu and not needs_grad(tensors)
-            and not torch.jit.is_tracing() and kernel.load())
+            and not torch.jit.is_tracing() and kernel.load("int8"))
 
 
 def dynamic_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

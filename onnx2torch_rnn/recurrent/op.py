@@ -140,7 +140,21 @@ class PackCache:
 
 def native(X, weights, config, sequence_lens, initial_h, initial_c, mask):
     """The op on the native kernel (loaded, X on CPU)."""
-    return _PACKED(X, weights, PACKS.get(weights, config, X.dtype), config, sequence_lens, initial_h, initial_c, mask)
+    try:
+        return _PACKED(X, weights, PACKS.get(weights, config, X.dtype), config, sequence_lens, initial_h, initial_c,
+                       mask)
+    except RuntimeError as error:
+        raise _checked(error) from None
+
+
+VALUE_ERROR = "[ValueError] "  # kernel/config.h: kValueError
+
+
+def _checked(error: RuntimeError) -> Exception:
+    """A failed check of the kernel's as the ValueError it is (PyTorch's stable ABI, which the kernel is built
+    against, raises RuntimeError only: kernel/config.h, CHECK_VALUE); any other error as it is."""
+    marked, message = str(error).partition(VALUE_ERROR)[1:]
+    return ValueError(message) if marked else error
 
 
 def _cpu_impl(*args):
@@ -167,10 +181,14 @@ def run_stack(X, weights: list[Tensor], counts: list[int], configs: str, sequenc
     """The stack op: ``weights`` every layer's in turn, ``counts`` how many each layer takes, ``configs`` the
     layers' configs joined with "|"."""
     packed, offset = [], 0
-    for config, count in zip(configs.split("|"), counts, strict=False):  # a mismatch is the op's error
-        packed.append(PACKS.get(weights[offset:offset + count], config, X.dtype))
-        offset += count
-    return caller_threads(_STACK, X, weights, packed, counts, configs, sequence_lens, initial_h, initial_c, *flags)
+    try:
+        for config, count in zip(configs.split("|"), counts, strict=False):  # a mismatch is the op's error
+            packed.append(PACKS.get(weights[offset:offset + count], config, X.dtype))
+            offset += count
+        return caller_threads(_STACK, X, weights, packed, counts, configs, sequence_lens, initial_h, initial_c,
+                              *flags)
+    except RuntimeError as error:
+        raise _checked(error) from None
 
 
 def output_shapes(config: str, X, weights) -> list[tuple]:

@@ -1,17 +1,20 @@
 """The native CPU kernel of the recurrent op: loaded once per process and registered as the op's CPU
 implementation, in the variant this CPU runs best.
 
-The kernel is compiled for several CPU variants (build.py: AVX-512, AVX2+FMA, baseline x86-64); ``load()`` picks the
-best one this CPU supports, or the one ``ONNX2TORCH_RNN_CPU`` names, and loads, first found first:
-- the prebuilt library of a wheel built with the kernel (setup.py), when it was built against the running torch;
+The kernel is two libraries (build.py: LIBRARIES): ``recurrent``, built against PyTorch's stable ABI, and ``int8``,
+built against torch's full C++ API. Each is compiled for several CPU variants (build.py: AVX-512, AVX2+FMA, baseline
+x86-64); ``load()`` picks the best one this CPU supports, or the one ``ONNX2TORCH_RNN_CPU`` names, and loads each
+library, first found first:
+- the prebuilt library of a wheel built with the kernel (setup.py) that the running torch can load: the stable one
+  in every torch from build.STABLE_ABI on, the other one in the torch it was built against;
 - else a build on first use: the sources compiled with torch.utils.cpp_extension (ninja) into torch's extension
   cache, under a name that holds a hash of the sources, their folder, the flags and torch's version (another
   version of the sources never reuses a stale build).
-The library registers itself on CPU for ``onnx2torch_rnn::recurrent``, ``onnx2torch_rnn::dynamic_quantize_lstm``
-and the int8 helpers that modules/quantized.py calls in eager inference. Without either (no compiler), or with
-``ONNX2TORCH_RNN_NATIVE=0``, nothing is registered, a warning says why once, and the ops run their Python
-implementations (recurrent/runtime.py, modules/quantized.py), which compute the same numbers. ``variant()`` says
-which variant runs and ``library()`` from where.
+``recurrent`` implements on CPU the ops that ``onnx2torch_rnn::recurrent`` runs (recurrent/op.py), ``int8``
+``onnx2torch_rnn::dynamic_quantize_lstm`` and the int8 helpers that modules/quantized.py calls in eager inference.
+A library that cannot load (no compiler), or every one with ``ONNX2TORCH_RNN_NATIVE=0``, registers nothing, a
+warning says why once, and its ops run their Python implementations (recurrent/runtime.py, modules/quantized.py),
+which compute the same numbers. ``variant()`` says which variant runs and ``library()`` from where.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -71,32 +75,37 @@ def chosen() -> str:
     return forced
 
 
-def _name(variant: str) -> str:
+def _name(variant: str, library: str = "recurrent") -> str:
     digest = hashlib.sha256()
     for path in FILES:
         digest.update(path.read_bytes())
     # the sources' folder too: torch's build file names the source path, so two checkouts (or venvs) of the same
     # sources sharing one build folder would rebuild each time the other had built
-    digest.update(" ".join([*build.flags(variant), torch.__version__, str(FOLDER)]).encode())
-    return f"onnx2torch_rnn_kernel_{variant}_{digest.hexdigest()[:16]}"
+    digest.update(" ".join([*build.flags(variant, library), torch.__version__, str(FOLDER)]).encode())
+    return f"onnx2torch_rnn_{library}_{variant}_{digest.hexdigest()[:16]}"
 
 
-def load() -> bool:
-    """Load the kernel (building it the first time where no prebuilt one fits); False, with one warning, where
-    that is not possible."""
+def load(library: str = "recurrent") -> bool:
+    """Load the kernel (building a library the first time where no prebuilt one fits); whether ``library`` is
+    loaded (False, with one warning, where that is not possible)."""
     with _lock:
-        return _attempt() is not None
+        return library in _attempt()[1]
 
 
 @functools.cache  # one attempt per process: a library once loaded stays registered with torch
-def _attempt() -> tuple[str, str] | None:
-    """(variant, library path) of the loaded kernel, or None."""
-    return _try_load()
+def _attempt() -> tuple[str | None, dict[str, str]]:
+    """(variant, {library: path} of the libraries loaded)."""
+    if not enabled():
+        logger.info("native recurrent kernel disabled by %s=0", ENVIRONMENT)
+        return None, {}
+    name = chosen()
+    paths = {library: path for library, _, _ in build.LIBRARIES if (path := _try_load(name, library))}
+    return name, paths
 
 
-def loaded() -> bool:
-    """Whether the kernel is registered (never builds)."""
-    return _attempt.cache_info().currsize == 1 and _attempt() is not None
+def loaded(library: str = "recurrent") -> bool:
+    """Whether ``library`` is registered (never builds)."""
+    return _attempt.cache_info().currsize == 1 and library in _attempt()[1]
 
 
 def variant() -> str | None:
@@ -104,35 +113,41 @@ def variant() -> str | None:
     return _attempt()[0] if loaded() else None
 
 
-def library() -> str | None:
+def library(name: str = "recurrent") -> str | None:
     """The loaded library's path: inside the package for a wheel's prebuilt kernel, else torch's extension cache."""
-    return _attempt()[1] if loaded() else None
+    return _attempt()[1].get(name) if loaded(name) else None
 
 
-def prebuilt(variant: str) -> Path:
-    """Where a wheel's library of this variant for the running torch lies (setup.py builds it there)."""
-    return FOLDER / f"{build.library_name(variant, torch.__version__)}.so"
+def torch_version() -> tuple[int, int]:
+    return tuple(int(part) for part in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
 
 
-def _try_load() -> tuple[str, str] | None:
-    if not enabled():
-        logger.info("native recurrent kernel disabled by %s=0", ENVIRONMENT)
+def prebuilt(variant: str, library: str = "recurrent") -> Path | None:
+    """Where a wheel's library of this variant lies (setup.py builds it there), if the running torch can load it:
+    a stable one from build.STABLE_ABI on, another one in the torch it was built against (its name)."""
+    if build.stable(library) and torch_version() < build.STABLE_ABI:
         return None
-    name = chosen()
-    path = prebuilt(name)
-    if path.exists():
+    return FOLDER / f"{build.library_name(library, variant, torch.__version__)}.so"
+
+
+def _try_load(variant: str, library: str) -> str | None:
+    """The path of ``library`` loaded (prebuilt, else built now), or None with a warning."""
+    path = prebuilt(variant, library)
+    if path and path.exists():
         torch.ops.load_library(str(path))
-        return name, str(path)
+        return str(path)
+    sources = next(sources for name, sources, _ in build.LIBRARIES if name == library)
     try:
         from torch.utils import cpp_extension
 
-        built = cpp_extension.load(_name(name), [str(FOLDER / source) for source in build.SOURCES],
-                                   extra_cflags=build.flags(name), extra_ldflags=list(build.LINK_FLAGS),
+        built = cpp_extension.load(_name(variant, library), [str(FOLDER / source) for source in sources],
+                                   extra_cflags=build.flags(variant, library), extra_ldflags=list(build.LINK_FLAGS),
                                    is_python_module=False, verbose=logger.isEnabledFor(logging.DEBUG))
     except Exception as error:  # no compiler, no ninja, a failed build: the Python implementation runs instead
-        warnings.warn(f"onnx2torch_rnn: the native recurrent kernel could not be built ({type(error).__name__}: "
-                      f"{str(error).strip().splitlines()[-1] if str(error).strip() else error}); recurrent nodes run "
+        warnings.warn(f"onnx2torch_rnn: the native kernel's {library} library could not be built "
+                      f"({type(error).__name__}: "
+                      f"{str(error).strip().splitlines()[-1] if str(error).strip() else error}); its nodes run "
                       f"the Python implementation (same numbers, slower). Set {ENVIRONMENT}=0 to skip the attempt.",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
         return None
-    return name, str(built)
+    return str(built)

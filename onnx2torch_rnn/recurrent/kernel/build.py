@@ -1,4 +1,5 @@
-"""What the native kernel is built from and for: its sources, its flags and the CPU variants it is compiled for.
+"""What the native kernel is built from and for: its libraries and their sources, its flags and the CPU variants it
+is compiled for.
 
 Read by the loader (``kernel/__init__.py``: the variant this CPU runs, built on first use where no prebuilt library
 exists) and by setup.py (every variant, into the wheel), which loads this file alone: standard library only.
@@ -9,10 +10,17 @@ from __future__ import annotations
 import platform
 import re
 
-# compiled into the library, each into every variant: add a new .cpp file here
-SOURCES = ("recurrent.cpp", "dynamic_quantize_lstm.cpp", "quantized_ops.cpp", "conv_integer.cpp",
-           "quantize_linear.cpp", "qlinear.cpp")
+# The libraries, each compiled from its sources into every variant: (name, sources, built against PyTorch's stable
+# ABI). A stable library (torch/csrc/stable only) serves every torch from STABLE_ABI on; the other one only the torch
+# it was built with (another one builds it on first use). Add a new .cpp file to one of them.
+LIBRARIES = (("recurrent", ("recurrent.cpp",), True),
+             ("int8", ("dynamic_quantize_lstm.cpp", "quantized_ops.cpp", "conv_integer.cpp", "quantize_linear.cpp",
+                       "qlinear.cpp"), False))
+SOURCES = tuple(source for _, sources, _ in LIBRARIES for source in sources)
 HEADERS = ("config.h", "vec.h", "int8.h")  # included by them: they count in the first-use build's name, ship in wheels
+# The stable ABI the stable libraries target (TORCH_TARGET_VERSION; pyproject's lowest torch): they load in this
+# torch and every later one, and are not loaded by an older one (which builds them on first use).
+STABLE_ABI = (2, 13)
 # -fopenmp: at::parallel_for is inline OpenMP code, serial without it; the OpenMP runtime it binds to at load time
 # is the libgomp.so.1 torch has already loaded (same soname), so there is one thread pool.
 COMMON_FLAGS = ("-O3", "-fno-math-errno", "-fopenmp")
@@ -39,10 +47,19 @@ def variants() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     return {name: (flags, needs) for name, flags, needs in (X86_VARIANTS if x86 else OTHER_VARIANTS)}
 
 
-def flags(variant: str) -> list[str]:
-    return [*COMMON_FLAGS, *variants()[variant][0]]
+def stable(library: str) -> bool:
+    return next(is_stable for name, _, is_stable in LIBRARIES if name == library)
 
 
-def library_name(variant: str, torch_version: str) -> str:
-    """The prebuilt library's name (without .so): it runs only under the torch it was built against."""
-    return f"recurrent_{variant}_torch{re.sub(r'[^0-9A-Za-z]', '_', torch_version)}"
+def flags(variant: str, library: str) -> list[str]:
+    major, minor = STABLE_ABI
+    target = [f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"] if stable(library) else []
+    return [*COMMON_FLAGS, *variants()[variant][0], *target]
+
+
+def library_name(library: str, variant: str, torch_version: str) -> str:
+    """A prebuilt library's name (without .so): a stable one's says the stable ABI it needs, another's the torch it
+    was built against, the only one it runs under."""
+    if stable(library):
+        return f"{library}_{variant}_abi{STABLE_ABI[0]}_{STABLE_ABI[1]}"
+    return f"{library}_{variant}_torch{re.sub(r'[^0-9A-Za-z]', '_', torch_version)}"

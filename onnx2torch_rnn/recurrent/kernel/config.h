@@ -1,7 +1,15 @@
 // The op's config string (format: recurrent/op.py), parsed once per distinct string.
 #pragma once
 
+// CHECK_VALUE: a check whose failure Python sees as a ValueError. PyTorch's stable ABI (recurrent.cpp) raises
+// RuntimeError only: its messages carry kValueError, which recurrent/op.py turns into a ValueError.
+#ifdef TORCH_STABLE_ONLY
+#include <torch/headeronly/util/Exception.h>
+#define CHECK_VALUE(cond, ...) STD_TORCH_CHECK(cond, onnx2torch_rnn::kValueError, __VA_ARGS__)
+#else
 #include <c10/util/Exception.h>
+#define CHECK_VALUE(cond, ...) TORCH_CHECK_VALUE(cond, __VA_ARGS__)
+#endif
 
 #include <map>
 #include <mutex>
@@ -12,6 +20,8 @@
 #include "vec.h"
 
 namespace onnx2torch_rnn {
+
+constexpr const char* kValueError = "[ValueError] ";  // see CHECK_VALUE
 
 enum class CellType { LSTM, GRU, RNN };
 
@@ -53,7 +63,7 @@ inline Activation parse_activation(const std::string& text) {
       {"Softplus", Kind::Softplus}};
   std::vector<std::string> parts = split(text, ':');
   auto found = kinds.find(parts[0]);
-  TORCH_CHECK_VALUE(found != kinds.end(), "unknown activation ", parts[0]);
+  CHECK_VALUE(found != kinds.end(), "unknown activation ", parts[0]);
   Activation activation;
   activation.kind = found->second;
   if (parts.size() > 1) activation.alpha = std::stod(parts[1]);
@@ -65,12 +75,12 @@ inline Config parse_config(const std::string& key) {
   std::map<std::string, std::string> fields;
   for (const std::string& item : split(key, ';')) {
     size_t equal = item.find('=');
-    TORCH_CHECK_VALUE(equal != std::string::npos, "bad recurrent config item: ", item);
+    CHECK_VALUE(equal != std::string::npos, "bad recurrent config item: ", item);
     fields[item.substr(0, equal)] = item.substr(equal + 1);
   }
   Config c;
   const std::string& cell = fields.at("cell");
-  TORCH_CHECK_VALUE(cell == "LSTM" || cell == "GRU" || cell == "RNN", "unknown cell ", cell);
+  CHECK_VALUE(cell == "LSTM" || cell == "GRU" || cell == "RNN", "unknown cell ", cell);
   c.cell = cell == "LSTM" ? CellType::LSTM : cell == "GRU" ? CellType::GRU : CellType::RNN;
   c.gates = c.cell == CellType::LSTM ? 4 : c.cell == CellType::GRU ? 3 : 1;
   c.roles = c.cell == CellType::LSTM ? 3 : c.cell == CellType::GRU ? 2 : 1;
@@ -80,8 +90,8 @@ inline Config parse_config(const std::string& key) {
   c.reverse = fields.at("direction") == "reverse";
   c.layout = std::stoi(fields.at("layout"));
   for (const std::string& a : split(fields.at("activations"), ',')) c.activations.push_back(parse_activation(a));
-  TORCH_CHECK_VALUE(static_cast<int>(c.activations.size()) == c.roles * c.directions, "recurrent config: ",
-                    c.roles * c.directions, " activations expected");
+  CHECK_VALUE(static_cast<int>(c.activations.size()) == c.roles * c.directions, "recurrent config: ",
+              c.roles * c.directions, " activations expected");
   c.has_clip = !fields.at("clip").empty();
   if (c.has_clip) c.clip = std::stod(fields.at("clip"));
   c.input_forget = fields.at("input_forget") == "1";

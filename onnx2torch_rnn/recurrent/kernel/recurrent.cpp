@@ -18,8 +18,13 @@
 //   one, where a barrier per step waited for it every step (250x slower on a busy machine).
 // float16/bfloat16 are computed in float32 and cast back (as onnxruntime does), float64 in float64.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#define TORCH_STABLE_ONLY  // PyTorch's headers then refuse anything outside the stable ABI
+// Built against PyTorch's stable ABI (torch/csrc/stable: TORCH_STABLE_ONLY), so that one build serves every torch
+// from the version it targets (build.py: STABLE_ABI) on.
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
 #if __has_include(<unistd.h>)
 #include <unistd.h>  // sysconf
 #endif
@@ -29,7 +34,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include <torch/library.h>
 
 #include <algorithm>
 #include <array>
@@ -50,12 +54,17 @@
 namespace onnx2torch_rnn {
 namespace {
 
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+using Tensors = std::vector<Tensor>;
+namespace ops = torch::stable;
+
 constexpr int kTile = 4;  // batch rows per register tile
 
 // ---- the weights of one direction, and their packed form ---------------------------------------------------------
 
 struct Weights {  // one direction, in the weights' own gate order; undefined tensors are absent
-  at::Tensor W, R, Wb, Rb, P;  // W [gH, I], R [gH, H], Wb and Rb [gH], P [3H] (i, o, f)
+  Tensor W, R, Wb, Rb, P;  // W [gH, I], R [gH, H], Wb and Rb [gH], P [3H] (i, o, f)
 };
 
 // For each ONNX gate, the index of its block of rows in the weights (torch's order: LSTM i f c o, GRU r z h).
@@ -66,14 +75,33 @@ std::array<int, 4> source_blocks(const Config& c) {
   return {0, 0, 0, 0};
 }
 
+// A new contiguous CPU tensor. torch::stable's empty and new_empty go through the dispatcher's boxed path, about
+// two microseconds each, which a batch-1 node notices (an LSTM node of hidden 64, 16 steps, batch 1: 30-32 us with
+// them, 22-26 us with this, 20-23 us on torch's full C++ API); the AOTI shim's empty_strided, also part of the stable
+// ABI, is one direct call.
+Tensor empty(const std::vector<int64_t>& shape, ScalarType dtype) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t stride = 1;
+  for (size_t k = shape.size(); k-- > 0;) {
+    strides[k] = stride;
+    stride *= std::max<int64_t>(shape[k], 1);
+  }
+  AtenTensorHandle handle;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+      static_cast<int64_t>(shape.size()), shape.data(), strides.data(),
+      torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)), aoti_torch_device_type_cpu(), 0,
+      &handle));
+  return Tensor(handle);
+}
+
 // Whether the node's weights include P (only ONNX weights can).
 bool has_peepholes(const Config& c) { return !c.torch_weights && c.letters.find('P') != std::string::npos; }
 
-std::vector<Weights> split_weights(const Config& c, at::TensorList weights) {
+std::vector<Weights> split_weights(const Config& c, const Tensors& weights) {
   std::vector<Weights> result(c.directions);
   if (c.torch_weights) {
     const size_t per = weights.size() / c.directions;
-    TORCH_CHECK_VALUE(per == 2 || per == 4, "recurrent op: expected 2 or 4 torch weights per direction");
+    CHECK_VALUE(per == 2 || per == 4, "recurrent op: expected 2 or 4 torch weights per direction");
     for (int d = 0; d < c.directions; ++d) {
       result[d].W = weights[d * per];
       result[d].R = weights[d * per + 1];
@@ -84,20 +112,21 @@ std::vector<Weights> split_weights(const Config& c, at::TensorList weights) {
     }
     return result;
   }
-  TORCH_CHECK_VALUE(weights.size() == c.letters.size(), "recurrent op: expected ", c.letters.size(), " weights");
+  CHECK_VALUE(weights.size() == c.letters.size(), "recurrent op: expected ", c.letters.size(), " weights");
   for (size_t k = 0; k < c.letters.size(); ++k) {
-    const at::Tensor& w = weights[k];
+    const Tensor& w = weights[k];
     for (int d = 0; d < c.directions; ++d) {
       switch (c.letters[k]) {
-        case 'W': result[d].W = w[d]; break;
-        case 'R': result[d].R = w[d]; break;
+        case 'W': result[d].W = ops::select(w, 0, d); break;
+        case 'R': result[d].R = ops::select(w, 0, d); break;
         case 'B': {
-          at::Tensor halves = w[d].view({2, -1});
-          result[d].Wb = halves[0];
-          result[d].Rb = halves[1];
+          Tensor halves = ops::select(w, 0, d);
+          const int64_t half = halves.size(0) / 2;
+          result[d].Wb = ops::narrow(halves, 0, 0, half);
+          result[d].Rb = ops::narrow(halves, 0, half, half);
           break;
         }
-        case 'P': result[d].P = w[d]; break;
+        case 'P': result[d].P = ops::select(w, 0, d); break;
       }
     }
   }
@@ -152,40 +181,40 @@ void pack_rows(const T* M, int64_t K, const std::vector<int>& rows, int64_t hidd
 }
 
 // t in the compute dtype and contiguous, without a dispatch when it already is.
-at::Tensor as_compute(const at::Tensor& t, at::ScalarType dtype) {
-  return t.scalar_type() == dtype && t.is_contiguous() ? t : t.to(dtype).contiguous();
+Tensor as_compute(const Tensor& t, ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() ? t : ops::contiguous(ops::to(t, dtype));
 }
 
 // One direction's weights packed into `out` (PackedLayout's parts).
 template <typename T>
 void pack(const Config& c, const Weights& w, const PackedLayout& at, int64_t lanes, T* out) {
-  const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
+  const ScalarType dtype = torch::headeronly::CppTypeToScalarType<T>::value;
   const int64_t hidden = w.R.size(1), input = w.W.size(1), hpad = (hidden + lanes - 1) / lanes * lanes;
   const std::array<int, 4> src = source_blocks(c);
   const std::vector<int> all(src.begin(), src.begin() + c.gates);
   const bool split_candidate = c.cell == CellType::GRU && !c.linear_before_reset;
   const bool lbr = c.cell == CellType::GRU && c.linear_before_reset;
-  const at::Tensor W = as_compute(w.W, dtype), R = as_compute(w.R, dtype);
-  pack_rows(W.data_ptr<T>(), input, all, hidden, lanes, out + at.input);
-  pack_rows(R.data_ptr<T>(), hidden, split_candidate ? std::vector<int>{src[0], src[1]} : all, hidden, lanes,
+  const Tensor W = as_compute(w.W, dtype), R = as_compute(w.R, dtype);
+  pack_rows(W.mutable_data_ptr<T>(), input, all, hidden, lanes, out + at.input);
+  pack_rows(R.mutable_data_ptr<T>(), hidden, split_candidate ? std::vector<int>{src[0], src[1]} : all, hidden, lanes,
             out + at.recurrent);
-  if (split_candidate) pack_rows(R.data_ptr<T>(), hidden, {src[2]}, hidden, lanes, out + at.candidate);
+  if (split_candidate) pack_rows(R.mutable_data_ptr<T>(), hidden, {src[2]}, hidden, lanes, out + at.candidate);
   std::vector<T> bias(c.gates * hidden, T(0)), inner(hidden, T(0));
   if (w.Wb.defined()) {
-    const at::Tensor Wb = as_compute(w.Wb, dtype), Rb = as_compute(w.Rb, dtype);
-    std::vector<T> rb(Rb.data_ptr<T>(), Rb.data_ptr<T>() + c.gates * hidden);
+    const Tensor Wb = as_compute(w.Wb, dtype), Rb = as_compute(w.Rb, dtype);
+    std::vector<T> rb(Rb.mutable_data_ptr<T>(), Rb.mutable_data_ptr<T>() + c.gates * hidden);
     if (lbr) {  // r multiplies the h gate's Rb: it stays in the step
       std::copy_n(rb.begin() + src[2] * hidden, hidden, inner.begin());
       std::fill_n(rb.begin() + src[2] * hidden, hidden, T(0));
     }
-    for (int64_t k = 0; k < c.gates * hidden; ++k) bias[k] = Wb.data_ptr<T>()[k] + rb[k];
+    for (int64_t k = 0; k < c.gates * hidden; ++k) bias[k] = Wb.mutable_data_ptr<T>()[k] + rb[k];
   }
   pack_rows(bias.data(), 1, all, hidden, lanes, out + at.bias);
   if (lbr) pack_rows(inner.data(), 1, {0}, hidden, lanes, out + at.inner);
   if (w.P.defined()) {
-    const at::Tensor P = as_compute(w.P, dtype);
+    const Tensor P = as_compute(w.P, dtype);
     for (int j = 0; j < 3; ++j)
-      pack_rows(P.data_ptr<T>() + j * hidden, 1, {0}, hidden, lanes, out + at.peepholes + j * hpad);
+      pack_rows(P.mutable_data_ptr<T>() + j * hidden, 1, {0}, hidden, lanes, out + at.peepholes + j * hpad);
   }
 }
 
@@ -193,15 +222,15 @@ void pack(const Config& c, const Weights& w, const PackedLayout& at, int64_t lan
 // (op.py, PackCache), keyed on the weight tensors' identity and version counters, which PyTorch's stable ABI does
 // not show to C++.
 template <typename T>
-std::vector<Packed<T>> unpacked(const Config& c, const at::Tensor& buffer, int64_t hidden, int64_t input,
+std::vector<Packed<T>> unpacked(const Config& c, const Tensor& buffer, int64_t hidden, int64_t input,
                                 bool has_peepholes) {
   const PackedLayout at(c, hidden, input, has_peepholes, Vec<T>::lanes);
-  TORCH_CHECK(buffer.scalar_type() == c10::CppTypeToScalarType<T>::value && buffer.is_contiguous() &&
+  STD_TORCH_CHECK(buffer.scalar_type() == torch::headeronly::CppTypeToScalarType<T>::value && buffer.is_contiguous() &&
                   buffer.numel() == at.size * c.directions,
               "recurrent op: packed weights of another node");
   std::vector<Packed<T>> packed(c.directions);
   for (int d = 0; d < c.directions; ++d) {
-    const T* base = buffer.data_ptr<T>() + d * at.size;
+    const T* base = buffer.mutable_data_ptr<T>() + d * at.size;
     const bool split = c.cell == CellType::GRU && !c.linear_before_reset;
     packed[d] = {base + at.input, base + at.bias, base + at.recurrent, split ? base + at.candidate : nullptr,
                  c.cell == CellType::GRU && !split ? base + at.inner : nullptr,
@@ -513,37 +542,37 @@ std::string shape_text(const Shape& shape) {  // as Python prints a list: [2, 3]
 }
 
 // A dtype as Python prints it (torch.float32 -> float32), for validation.py's words.
-std::string dtype_text(at::ScalarType dtype) {
+std::string dtype_text(ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kChar: return "int8";
-    case at::kShort: return "int16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return c10::toString(dtype);
+    case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Bool: return "bool";
+    default: return torch::headeronly::toString(dtype);
   }
 }
 
 // The messages of validation.py's (`expected` as the tensor's own layout has it).
-void check_shape(const std::string& name, const at::Tensor& t, const std::vector<int64_t>& expected) {
+void check_shape(const std::string& name, const Tensor& t, const std::vector<int64_t>& expected) {
   if (!t.defined()) return;
-  const at::IntArrayRef got = t.sizes();
-  TORCH_CHECK_VALUE(got == at::IntArrayRef(expected), name, " must have shape ", shape_text(expected), ", got ",
-                    shape_text(got));
+  const auto got = t.sizes();
+  CHECK_VALUE(std::equal(got.begin(), got.end(), expected.begin(), expected.end()), name, " must have shape ",
+              shape_text(expected), ", got ", shape_text(got));
 }
 
 // The hidden and input sizes, after checking every weight's shape.
-std::pair<int64_t, int64_t> checked_weights(const Config& c, at::TensorList weights) {
+std::pair<int64_t, int64_t> checked_weights(const Config& c, const Tensors& weights) {
   const int64_t D = c.directions;
   int64_t hidden, input;
   if (c.torch_weights) {
     const size_t per = weights.size() / D;
-    TORCH_CHECK_VALUE((per == 2 || per == 4) && per * D == weights.size(), "recurrent op: bad torch weights");
+    CHECK_VALUE((per == 2 || per == 4) && per * D == weights.size(), "recurrent op: bad torch weights");
     hidden = c.hidden_size > 0 ? c.hidden_size : weights[1].size(-1), input = weights[0].size(-1);
     const int64_t gh = c.gates * hidden;
     for (int64_t d = 0; d < D; ++d) {
@@ -552,8 +581,8 @@ std::pair<int64_t, int64_t> checked_weights(const Config& c, at::TensorList weig
       for (size_t k = 2; k < per; ++k) check_shape("bias", weights[d * per + k], {gh});
     }
   } else {
-    TORCH_CHECK_VALUE(weights.size() == c.letters.size() && c.letters.substr(0, 2) == "WR",
-                      "recurrent op: expected the weights ", c.letters);
+    CHECK_VALUE(weights.size() == c.letters.size() && c.letters.substr(0, 2) == "WR",
+                "recurrent op: expected the weights ", c.letters);
     hidden = c.hidden_size > 0 ? c.hidden_size : weights[1].size(-1), input = weights[0].size(-1);
     const int64_t gh = c.gates * hidden;
     check_shape("W", weights[0], {D, gh, input});
@@ -568,26 +597,26 @@ std::pair<int64_t, int64_t> checked_weights(const Config& c, at::TensorList weig
 
 // The hidden size, after checking every weight's shape and then X's against W's input size (as validation.py:
 // a wrong X is blamed on X).
-int64_t checked_hidden(const Config& c, at::TensorList weights, const at::Tensor& X) {
+int64_t checked_hidden(const Config& c, const Tensors& weights, const Tensor& X) {
   const auto [hidden, input] = checked_weights(c, weights);
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
   check_shape("X", X, c.layout ? std::vector<int64_t>{batch, steps, input} : std::vector<int64_t>{steps, batch, input});
   return hidden;
 }
 
-at::Tensor checked_lengths(const std::optional<at::Tensor>& sequence_lens, int64_t steps, int64_t batch) {
+Tensor checked_lengths(const std::optional<Tensor>& sequence_lens, int64_t steps, int64_t batch) {
   if (!sequence_lens) return {};
-  const at::ScalarType dtype = sequence_lens->scalar_type();
-  TORCH_CHECK_VALUE(dtype == at::kInt || dtype == at::kLong, "sequence_lens must be int32 or int64, got ",
-                    dtype_text(dtype));
-  at::Tensor lens = sequence_lens->to(at::kLong).contiguous();
+  const ScalarType dtype = sequence_lens->scalar_type();
+  CHECK_VALUE(dtype == ScalarType::Int || dtype == ScalarType::Long, "sequence_lens must be int32 or int64, got ",
+              dtype_text(dtype));
+  Tensor lens = as_compute(*sequence_lens, ScalarType::Long);
   check_shape("sequence_lens", lens, {batch});
-  const int64_t* p = lens.data_ptr<int64_t>();
+  const int64_t* p = lens.mutable_data_ptr<int64_t>();
   if (std::any_of(p, p + batch, [steps](int64_t v) { return v < 0 || v > steps; })) {
     std::ostringstream values;
     for (int64_t n = 0; n < batch; ++n) values << (n ? ", " : "") << p[n];
-    TORCH_CHECK_VALUE(false, "sequence_lens values must lie in [0, ", steps, "] (the sequence length of X), got [",
-                      values.str(), "]");
+    CHECK_VALUE(false, "sequence_lens values must lie in [0, ", steps, "] (the sequence length of X), got [",
+                values.str(), "]");
   }
   return lens;
 }
@@ -793,9 +822,9 @@ class Pool {
 // (torch.set_num_threads), for the kernel's own threads.
 class OneThread {
  public:
-  OneThread() : threads_(at::in_parallel_region() ? 1 : at::get_num_threads()) {
+  OneThread() : threads_(omp_in_parallel() ? 1 : static_cast<int>(ops::get_num_threads())) {
 #ifdef _OPENMP
-    if (threads_ > 1) omp_set_num_threads(1);  // the calling thread's setting, which at::get_num_threads reads
+    if (threads_ > 1) omp_set_num_threads(1);  // the calling thread's setting, which get_num_threads reads
 #endif
   }
   ~OneThread() {
@@ -851,16 +880,15 @@ int64_t l2_bytes() {
 }
 
 template <typename T>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Tensor& X, const at::Tensor& packs,
-                                                   int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
-                                                   const at::Tensor& c0, const at::Tensor& mask, int threads) {
+std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Tensor& X, const Tensor& packs,
+                                                   int64_t hidden, const Tensor& lens, const Tensor& h0,
+                                                   const Tensor& c0, const Tensor& mask, int threads) {
   constexpr int L = Vec<T>::lanes;
-  const at::ScalarType dtype = c10::CppTypeToScalarType<T>::value;
+  const ScalarType dtype = torch::headeronly::CppTypeToScalarType<T>::value;
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1), input = X.size(2);
   const int D = c.directions;
   const int64_t gh = c.gates * hidden;
   const int64_t hpad = (hidden + L - 1) / L * L, blocks = hpad / L;
-  const auto options = X.options().dtype(dtype);
   const std::vector<int64_t> state_shape =
       c.layout ? std::vector<int64_t>{batch, D, hidden} : std::vector<int64_t>{D, batch, hidden};
   const std::vector<Packed<T>> packed = unpacked<T>(c, packs, hidden, input, has_peepholes(c));
@@ -868,21 +896,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
   // One workspace: the input projection [D, T·N, blocks·gates·lanes], then h (twice), C, z, r·H and the held
   // outputs, [D, N, hpad] each.
   const int64_t rows = steps * batch, x_stride = blocks * c.gates * L, state = D * batch * hpad;
-  at::Tensor work = at::empty({D * rows * x_stride + 6 * state}, options);
-  T* base = work.data_ptr<T>();
+  Tensor work = empty({D * rows * x_stride + 6 * state}, dtype);
+  T* base = work.mutable_data_ptr<T>();
   T *h = base + D * rows * x_stride, *cell = h + 2 * state, *scratch = cell + state;
   std::fill(h, h + 6 * state, T(0));
-  if (h0.defined()) copy_states(c, as_compute(h0, dtype).data_ptr<T>(), h, batch, hidden, hpad, true);
-  if (c0.defined()) copy_states(c, as_compute(c0, dtype).data_ptr<T>(), cell, batch, hidden, hpad, true);
+  if (h0.defined()) copy_states(c, as_compute(h0, dtype).mutable_data_ptr<T>(), h, batch, hidden, hpad, true);
+  if (c0.defined()) copy_states(c, as_compute(c0, dtype).mutable_data_ptr<T>(), cell, batch, hidden, hpad, true);
 
   const bool any_lens = lens.defined();
-  at::Tensor y;  // zeros past each row's length: only the steps that run are written
+  Tensor y;  // zeros past each row's length: only the steps that run are written
   if (c.outputs[0]) {
     const auto y_shape = c.layout ? std::vector<int64_t>{batch, steps, D, hidden}
                                   : std::vector<int64_t>{steps, D, batch, hidden};
-    y = any_lens ? at::zeros(y_shape, options) : at::empty(y_shape, options);
+    y = empty(y_shape, dtype);
+    if (any_lens) std::fill_n(y.mutable_data_ptr<T>(), y.numel(), T(0));
   }
-  const at::Tensor x = as_compute(X, dtype);  // rows t·N + n, or n·T + t for layout 1
+  const Tensor x = as_compute(X, dtype);  // rows t·N + n, or n·T + t for layout 1
   std::vector<Direction<T>> runs(D);
   for (int d = 0; d < D; ++d) {
     Direction<T>& r = runs[d];
@@ -898,9 +927,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
     r.x_stride = x_stride;
     r.row_t = c.layout ? 1 : batch;
     r.row_n = c.layout ? steps : 1;
-    r.lens = any_lens ? lens.data_ptr<int64_t>() : nullptr;
-    r.mask = mask.defined() ? mask.data_ptr<bool>() : nullptr;
-    r.y = c.outputs[0] ? y.data_ptr<T>() + (c.layout ? d * hidden : d * batch * hidden) : nullptr;
+    r.lens = any_lens ? lens.mutable_data_ptr<int64_t>() : nullptr;
+    r.mask = mask.defined() ? mask.mutable_data_ptr<bool>() : nullptr;
+    r.y = c.outputs[0] ? y.mutable_data_ptr<T>() + (c.layout ? d * hidden : d * batch * hidden) : nullptr;
     r.y_t = c.layout ? D * hidden : D * batch * hidden;
     r.y_n = c.layout ? steps * D * hidden : hidden;
     r.h_prev = h + d * batch * hpad;
@@ -918,12 +947,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
   // a core's L2: past that (hidden 512 LSTM: 4 MiB) each core streams its direction's weights from memory every
   // step, and splitting every direction's blocks (each core then re-reads the half it keeps in cache) ran 1.7x
   // faster.
-  const int64_t longest = any_lens ? *std::max_element(lens.data_ptr<int64_t>(), lens.data_ptr<int64_t>() + batch)
+  const int64_t longest = any_lens ? *std::max_element(lens.mutable_data_ptr<int64_t>(), lens.mutable_data_ptr<int64_t>() + batch)
                                    : steps;
   auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
   const bool directions_at_once = D == 2 && threads > 1 && gh * hidden * int64_t{sizeof(T)} <= l2_bytes() / 2 &&
                                   rows * gh * (input + hidden) >= (1 << 17);
-  const T* xp = x.data_ptr<T>();
+  const T* xp = x.mutable_data_ptr<T>();
   if (directions_at_once) {
     const Job::Piece piece = [&](int, int64_t, int64_t d) {
       runs[d].project(xp, rows, input, 0, blocks);
@@ -954,33 +983,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run(const Config& c, const at::Te
 
   // The final states: each row's after its last step; zero for a row of length 0 and for a sequence of length 0,
   // initial states or not (onnxruntime).
-  at::Tensor y_h, y_c;
+  Tensor y_h, y_c;
   const T* last_h = h + (longest % 2) * state;
   for (int k = 1; k < 3; ++k) {
     if (!c.outputs[k] || (k == 2 && c.cell != CellType::LSTM)) continue;
-    at::Tensor out = at::empty(state_shape, options);
-    copy_states(c, k == 1 ? last_h : cell, out.data_ptr<T>(), batch, hidden, hpad, false);
-    if (steps == 0) {
-      out.zero_();
-    } else if (any_lens) {
-      const int64_t* l = lens.data_ptr<int64_t>();
-      for (int64_t n = 0; n < batch; ++n) {
-        if (l[n] == 0) (c.layout ? out[n] : out.select(1, n)).zero_();
-      }
+    Tensor out = empty(state_shape, dtype);
+    T* states = out.mutable_data_ptr<T>();
+    copy_states(c, k == 1 ? last_h : cell, states, batch, hidden, hpad, false);
+    const int64_t* l = any_lens ? lens.mutable_data_ptr<int64_t>() : nullptr;
+    for (int64_t n = 0; n < batch; ++n) {
+      if (steps > 0 && !(l && l[n] == 0)) continue;
+      for (int d = 0; d < D; ++d)  // the row's state of each direction (layout 0 [D, N, H], layout 1 [N, D, H])
+        std::fill_n(states + (c.layout ? n * D + d : d * batch + n) * hidden, hidden, T(0));
     }
     (k == 1 ? y_h : y_c) = out;
   }
-  auto output = [&](const at::Tensor& t) {
-    return !t.defined() ? at::empty({0}, X.options()) : dtype == X.scalar_type() ? t : t.to(X.scalar_type());
+  auto output = [&](const Tensor& t) {
+    return !t.defined() ? empty({0}, X.scalar_type()) : dtype == X.scalar_type() ? t : ops::to(t, X.scalar_type());
   };
   return {output(y), output(y_h), output(y_c)};
 }
 
 // Checks one node's inputs but sequence_lens (in validation.py's order: weights, X, initial states; a wrong X is
 // blamed on X) and returns its hidden size.
-int64_t checked_inputs(const Config& c, const at::Tensor& X, at::TensorList weights, const at::Tensor& h0,
-                       const at::Tensor& c0) {
-  TORCH_CHECK_VALUE(X.dim() == 3, "X must have 3 dimensions, got shape ", shape_text(X.sizes()));
+int64_t checked_inputs(const Config& c, const Tensor& X, const Tensors& weights, const Tensor& h0,
+                       const Tensor& c0) {
+  CHECK_VALUE(X.dim() == 3, "X must have 3 dimensions, got shape ", shape_text(X.sizes()));
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
   const int64_t hidden = checked_hidden(c, weights, X);
   const std::vector<int64_t> state_shape = c.layout ? std::vector<int64_t>{batch, c.directions, hidden}
@@ -991,29 +1019,28 @@ int64_t checked_inputs(const Config& c, const at::Tensor& X, at::TensorList weig
 }
 
 // sequence_lens checked, as int64; undefined when every row is full (the run then needs no per-row bookkeeping).
-at::Tensor partial_lengths(const std::optional<at::Tensor>& sequence_lens, int64_t steps, int64_t batch) {
-  at::Tensor lens = checked_lengths(sequence_lens, steps, batch);
+Tensor partial_lengths(const std::optional<Tensor>& sequence_lens, int64_t steps, int64_t batch) {
+  Tensor lens = checked_lengths(sequence_lens, steps, batch);
   if (!lens.defined()) return lens;
-  const int64_t* p = lens.data_ptr<int64_t>();  // a loop, not three ops: a batch-1 call notices each op
-  return std::all_of(p, p + batch, [steps](int64_t v) { return v == steps; }) ? at::Tensor() : lens;
+  const int64_t* p = lens.mutable_data_ptr<int64_t>();  // a loop, not three ops: a batch-1 call notices each op
+  return std::all_of(p, p + batch, [steps](int64_t v) { return v == steps; }) ? Tensor() : lens;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> run_node(const Config& c, const at::Tensor& X, const at::Tensor& packs,
-                                                        int64_t hidden, const at::Tensor& lens, const at::Tensor& h0,
-                                                        const at::Tensor& c0, const at::Tensor& mask, int threads) {
-  if (X.scalar_type() == at::kDouble) return run<double>(c, X, packs, hidden, lens, h0, c0, mask, threads);
+std::tuple<Tensor, Tensor, Tensor> run_node(const Config& c, const Tensor& X, const Tensor& packs,
+                                                        int64_t hidden, const Tensor& lens, const Tensor& h0,
+                                                        const Tensor& c0, const Tensor& mask, int threads) {
+  if (X.scalar_type() == ScalarType::Double) return run<double>(c, X, packs, hidden, lens, h0, c0, mask, threads);
   return run<float>(c, X, packs, hidden, lens, h0, c0, mask, threads);
 }
 
 // The op recurrent_pack: a node's weights packed for the compute dtype (float64, else float32), after checking their
 // shapes: one tensor, PackedLayout's parts direction after direction.
 template <typename T>
-at::Tensor pack_node(const Config& c, at::TensorList weights) {
+Tensor pack_node(const Config& c, const Tensors& weights) {
   const auto [hidden, input] = checked_weights(c, weights);
   const PackedLayout layout(c, hidden, input, has_peepholes(c), Vec<T>::lanes);
-  at::Tensor packed = at::empty({layout.size * c.directions},
-                                weights[0].options().dtype(c10::CppTypeToScalarType<T>::value));
-  T* out = packed.data_ptr<T>();
+  Tensor packed = empty({layout.size * c.directions}, torch::headeronly::CppTypeToScalarType<T>::value);
+  T* out = packed.mutable_data_ptr<T>();
   for (const Weights& w : split_weights(c, weights)) {
     pack(c, w, layout, Vec<T>::lanes, out);
     out += layout.size;
@@ -1021,40 +1048,51 @@ at::Tensor pack_node(const Config& c, at::TensorList weights) {
   return packed;
 }
 
-at::Tensor recurrent_pack_cpu(at::TensorList weights, c10::string_view config, bool float64) {
+Tensor recurrent_pack_cpu(const Tensors& weights, std::string_view config, bool float64) {
   const OneThread one;
   const Config& c = config_of(std::string_view(config.data(), config.size()));
   return float64 ? pack_node<double>(c, weights) : pack_node<float>(c, weights);
 }
 
 // The op recurrent_packed: recurrent's CPU implementation, given its weights packed by recurrent_pack.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_packed_cpu(
-    const at::Tensor& X, at::TensorList weights, const at::Tensor& packs, c10::string_view config,
-    const std::optional<at::Tensor>& sequence_lens, const std::optional<at::Tensor>& initial_h,
-    const std::optional<at::Tensor>& initial_c, const std::optional<at::Tensor>& mask) {
+std::tuple<Tensor, Tensor, Tensor> recurrent_packed_cpu(
+    const Tensor& X, const Tensors& weights, const Tensor& packs, std::string_view config,
+    const std::optional<Tensor>& sequence_lens, const std::optional<Tensor>& initial_h,
+    const std::optional<Tensor>& initial_c, const std::optional<Tensor>& mask) {
   const OneThread one;
   const Config& c = config_of(std::string_view(config.data(), config.size()));
-  const at::Tensor h0 = initial_h.value_or(at::Tensor()), c0 = initial_c.value_or(at::Tensor());
+  const Tensor h0 = initial_h.value_or(Tensor()), c0 = initial_c.value_or(Tensor());
   const int64_t hidden = checked_inputs(c, X, weights, h0, c0);
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
-  const at::Tensor lens = partial_lengths(sequence_lens, steps, batch);
-  at::Tensor mask_t;
-  TORCH_CHECK_VALUE(mask.has_value() == (c.mask_output >= 0),
-                    mask.has_value() ? "this node takes no mask input" : "this node takes a mask input");
+  const Tensor lens = partial_lengths(sequence_lens, steps, batch);
+  Tensor mask_t;
+  CHECK_VALUE(mask.has_value() == (c.mask_output >= 0),
+              mask.has_value() ? "this node takes no mask input" : "this node takes a mask input");
   if (mask) {
-    TORCH_CHECK_VALUE(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == X.size(0) &&
-                          mask->size(1) == X.size(1),
-                      "mask must be a bool tensor of X's first two dims (as [T, N]: [", steps, ", ", batch,
-                      "]), got ", mask->scalar_type(), " ", shape_text(mask->sizes()));
-    TORCH_CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
-    mask_t = mask->contiguous();
+    CHECK_VALUE(mask->scalar_type() == ScalarType::Bool && mask->dim() == 2 && mask->size(0) == X.size(0) &&
+                    mask->size(1) == X.size(1),
+                "mask must be a bool tensor of X's first two dims (as [T, N]: [", steps, ", ", batch,
+                "]), got ", mask->scalar_type(), " ", shape_text(mask->sizes()));
+    CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
+    mask_t = ops::contiguous(*mask);
   }
   return run_node(c, X, packs, hidden, lens, h0, c0, mask_t, one.threads());
 }
 
 // The layers' final states as one [L·D, N, H] tensor (the first layer's empty one where they are not computed).
-at::Tensor joined(const std::vector<at::Tensor>& per_layer, bool computed) {
-  return per_layer.size() == 1 || !computed ? per_layer[0] : at::cat(per_layer);
+Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
+  if (per_layer.size() == 1 || !computed) return per_layer[0];
+  std::vector<int64_t> shape(per_layer[0].sizes().begin(), per_layer[0].sizes().end());
+  shape[0] = 0;
+  for (const Tensor& t : per_layer) shape[0] += t.size(0);
+  Tensor all = empty(shape, per_layer[0].scalar_type());
+  char* out = static_cast<char*>(all.mutable_data_ptr());
+  for (const Tensor& t : per_layer) {  // each contiguous (run's own outputs)
+    const size_t bytes = t.numel() * t.element_size();
+    if (bytes) std::memcpy(out, t.const_data_ptr(), bytes);
+    out += bytes;
+  }
+  return all;
 }
 
 // StackedRecurrent.forward (recurrent/module.py, which documents the arguments) in one call: at batch 1 the Python
@@ -1062,37 +1100,37 @@ at::Tensor joined(const std::vector<at::Tensor>& per_layer, bool computed) {
 // layers' work. `configs` joins the layers' configs (layout 0, no mask) with '|'; `counts` says how many of
 // `weights` each layer takes; initial_h / initial_c hold each layer's states (or None). Returns y, h_n, c_n (empty
 // where the layers do not compute them).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
-    const at::Tensor& X, at::TensorList weights, at::TensorList packs, at::IntArrayRef counts,
-    c10::string_view configs,
-    const std::optional<at::Tensor>& sequence_lens, const c10::List<std::optional<at::Tensor>>& initial_h,
-    const c10::List<std::optional<at::Tensor>>& initial_c, bool batch_first, bool batch_first_output,
+std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(
+    const Tensor& X, const Tensors& weights, const Tensors& packs, const std::vector<int64_t>& counts,
+    std::string_view configs,
+    const std::optional<Tensor>& sequence_lens, const std::vector<std::optional<Tensor>>& initial_h,
+    const std::vector<std::optional<Tensor>>& initial_c, bool batch_first, bool batch_first_output,
     bool merge_output, bool last_states) {
   const OneThread one;
   const std::vector<const Config*>& layers = stack_of(std::string_view(configs.data(), configs.size()));
   const size_t count = layers.size();
-  TORCH_CHECK_VALUE(count == counts.size() && count == packs.size() && count == initial_h.size() &&
-                        count == initial_c.size(),
-                    "recurrent_stack: one config, weight count, packed weights and initial state per layer");
-  at::Tensor x = batch_first && X.dim() == 3 ? X.transpose(0, 1) : X, y, lens;
-  std::vector<at::Tensor> h_n(count), c_n(count);
+  CHECK_VALUE(count == counts.size() && count == packs.size() && count == initial_h.size() &&
+                  count == initial_c.size(),
+              "recurrent_stack: one config, weight count, packed weights and initial state per layer");
+  Tensor x = batch_first && X.dim() == 3 ? ops::transpose(X, 0, 1) : X, y, lens;
+  std::vector<Tensor> h_n(count), c_n(count);
   size_t offset = 0;
   for (size_t l = 0; l < count; ++l) {
     const Config& c = *layers[l];
-    TORCH_CHECK_VALUE(c.layout == 0 && c.mask_output < 0, "recurrent_stack: layers are layout 0 without a mask");
-    TORCH_CHECK_VALUE(offset + counts[l] <= weights.size(), "recurrent_stack: fewer weights than counts");
-    const at::TensorList own = weights.slice(offset, counts[l]);
+    CHECK_VALUE(c.layout == 0 && c.mask_output < 0, "recurrent_stack: layers are layout 0 without a mask");
+    CHECK_VALUE(offset + counts[l] <= weights.size(), "recurrent_stack: fewer weights than counts");
+    const Tensors own(weights.begin() + offset, weights.begin() + offset + counts[l]);
     offset += counts[l];
-    const at::Tensor h0 = initial_h.get(l).value_or(at::Tensor()), c0 = initial_c.get(l).value_or(at::Tensor());
+    const Tensor h0 = initial_h[l].value_or(Tensor()), c0 = initial_c[l].value_or(Tensor());
     const int64_t hidden = checked_inputs(c, x, own, h0, c0);
     if (l == 0) lens = partial_lengths(sequence_lens, x.size(0), x.size(1));  // after X's checks, as per layer
-    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, packs[l], hidden, lens, h0, c0, at::Tensor(), one.threads());
-    TORCH_CHECK_VALUE(c.outputs[0] || l + 1 == count, "recurrent_stack: a layer below the last must compute Y");
-    if (c.outputs[0] && (l + 1 < count || merge_output)) y = y.transpose(1, 2).flatten(2);  // [T, N, D·H]
+    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, packs[l], hidden, lens, h0, c0, Tensor(), one.threads());
+    CHECK_VALUE(c.outputs[0] || l + 1 == count, "recurrent_stack: a layer below the last must compute Y");
+    if (c.outputs[0] && (l + 1 < count || merge_output)) y = ops::flatten(ops::transpose(y, 1, 2), 2);  // [T, N, D·H]
     x = y;
   }
-  TORCH_CHECK_VALUE(offset == weights.size(), "recurrent_stack: more weights than counts");
-  if (layers.back()->outputs[0] && batch_first_output) y = y.transpose(0, 1);
+  CHECK_VALUE(offset == weights.size(), "recurrent_stack: more weights than counts");
+  if (layers.back()->outputs[0] && batch_first_output) y = ops::transpose(y, 0, 1);
   if (last_states) {
     h_n = {h_n.back()};
     c_n = {c_n.back()};
@@ -1102,10 +1140,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrent_stack_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
-  m.impl("recurrent_pack", &recurrent_pack_cpu);
-  m.impl("recurrent_packed", &recurrent_packed_cpu);
-  m.impl("recurrent_stack", &recurrent_stack_cpu);
+STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
+  m.impl("recurrent_pack", TORCH_BOX(&recurrent_pack_cpu));
+  m.impl("recurrent_packed", TORCH_BOX(&recurrent_packed_cpu));
+  m.impl("recurrent_stack", TORCH_BOX(&recurrent_stack_cpu));
 }
 
 }  // namespace onnx2torch_rnn
