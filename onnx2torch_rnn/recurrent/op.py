@@ -46,6 +46,7 @@ kernel only (CPU; no fake or Python implementation: everywhere else the stack ca
 """
 from __future__ import annotations
 
+import functools
 import operator
 import weakref
 
@@ -102,12 +103,19 @@ def _python_impl(X, weights, config, sequence_lens, initial_h, initial_c, mask):
 
 _LIBRARY.impl("recurrent", _python_impl, "CompositeExplicitAutograd")
 
-# The native kernel's ops (kernel/recurrent.cpp; CPU only, no fake or Python implementation): a node's weights
-# packed for it into one tensor (float64's, else float32's; checked first: the weights' errors are the op's), and the
-# node run on them.
-_LIBRARY.define("recurrent_pack(Tensor[] weights, str config, bool float64) -> Tensor")
-_LIBRARY.define(f"recurrent_packed({_SIGNATURE.replace('weights, ', 'weights, Tensor packed, ')}) -> "
-                "(Tensor, Tensor, Tensor)")
+# The native kernel's ops (kernel/recurrent.cpp; CPU only, no fake or Python implementation): a config's number (a
+# string crossing PyTorch's stable ABI, which the kernel is built against, is copied twice a call), a node's weights
+# packed for it into one tensor (float64's, else float32's; checked first: the weights' errors are the op's) with its
+# hidden and input sizes, and the node run on them.
+_LIBRARY.define("recurrent_config(str config) -> int")
+_LIBRARY.define("recurrent_pack(Tensor[] weights, int config, bool float64) -> (Tensor, int, int)")
+_LIBRARY.define("recurrent_packed(Tensor X, Tensor packed, int config, int hidden, int input, Tensor? sequence_lens, "
+                "Tensor? initial_h, Tensor? initial_c, Tensor? mask) -> (Tensor, Tensor, Tensor)")
+
+
+@functools.cache  # the kernel's numbers live as long as the process
+def config_number(config: str) -> int:
+    return torch.ops.onnx2torch_rnn.recurrent_config.default(config)
 
 
 class PackCache:
@@ -121,13 +129,16 @@ class PackCache:
     def __init__(self):
         self._entries = {}  # (config, float64, ids) -> (versions, packed, weak references), oldest first
 
-    def get(self, weights: list[Tensor], config: str, dtype: torch.dtype) -> Tensor:
+    def get(self, weights: list[Tensor], config: str, dtype: torch.dtype) -> tuple[Tensor, int, int, int]:
+        """(packed weights, the config's number, hidden size, input size): recurrent_packed's arguments."""
         float64 = dtype == torch.float64
         key = (config, float64, *map(id, weights))
         entry = self._entries.get(key)
         if entry is not None and tuple(map(_VERSION, weights)) == entry[0]:
             return entry[1]
-        packed = _PACK(weights, config, float64)
+        number = config_number(config)
+        tensor, hidden, input_size = _PACK(weights, number, float64)
+        packed = tensor, number, hidden, input_size
         if not any(w.is_inference() for w in weights):
             def forget(_, entries=self._entries):  # dict operations are atomic: no lock (this may run in any thread)
                 entries.pop(key, None)
@@ -141,8 +152,7 @@ class PackCache:
 def native(X, weights, config, sequence_lens, initial_h, initial_c, mask):
     """The op on the native kernel (loaded, X on CPU)."""
     try:
-        return _PACKED(X, weights, PACKS.get(weights, config, X.dtype), config, sequence_lens, initial_h, initial_c,
-                       mask)
+        return _PACKED(X, *PACKS.get(weights, config, X.dtype), sequence_lens, initial_h, initial_c, mask)
     except RuntimeError as error:
         raise _checked(error) from None
 
@@ -168,25 +178,27 @@ _LIBRARY.impl("recurrent_differentiable", lambda *args: torch.ops.onnx2torch_rnn
 
 
 # StackedRecurrent's eager inference on the native kernel (module.py): the whole stack of layout-0 layers without
-# masks in one call. ``configs`` joins the layers' configs with "|", ``counts`` says how many of ``weights`` each
-# layer takes, ``packed`` holds each layer's recurrent_pack; the flags are StackedRecurrent's. Returns y, h_n, c_n
+# masks in one call. ``packed`` holds each layer's packed weights, ``configs`` their config numbers, ``sizes`` their
+# hidden and input sizes, layer after layer (recurrent_pack's); the flags are StackedRecurrent's. Returns y, h_n, c_n
 # (empty where the layers do not compute them).
-_LIBRARY.define("recurrent_stack(Tensor X, Tensor[] weights, Tensor[] packed, int[] counts, str configs, "
-                "Tensor? sequence_lens, Tensor?[] initial_h, Tensor?[] initial_c, bool batch_first, "
-                "bool batch_first_output, bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
+_LIBRARY.define("recurrent_stack(Tensor X, Tensor[] packed, int[] configs, int[] sizes, Tensor? sequence_lens, "
+                "Tensor?[] initial_h, Tensor?[] initial_c, bool batch_first, bool batch_first_output, "
+                "bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
 
 
 def run_stack(X, weights: list[Tensor], counts: list[int], configs: str, sequence_lens, initial_h: list,
               initial_c: list, *flags: bool):
     """The stack op: ``weights`` every layer's in turn, ``counts`` how many each layer takes, ``configs`` the
     layers' configs joined with "|"."""
-    packed, offset = [], 0
+    packed, numbers, sizes, offset = [], [], [], 0
     try:
-        for config, count in zip(configs.split("|"), counts, strict=False):  # a mismatch is the op's error
-            packed.append(PACKS.get(weights[offset:offset + count], config, X.dtype))
+        for config, count in zip(configs.split("|"), counts, strict=True):
+            tensor, number, hidden, input_size = PACKS.get(weights[offset:offset + count], config, X.dtype)
+            packed.append(tensor)
+            numbers.append(number)
+            sizes += (hidden, input_size)
             offset += count
-        return caller_threads(_STACK, X, weights, packed, counts, configs, sequence_lens, initial_h, initial_c,
-                              *flags)
+        return caller_threads(_STACK, X, packed, numbers, sizes, sequence_lens, initial_h, initial_c, *flags)
     except RuntimeError as error:
         raise _checked(error) from None
 

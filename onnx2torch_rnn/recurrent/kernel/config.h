@@ -11,6 +11,7 @@
 #define CHECK_VALUE(cond, ...) TORCH_CHECK_VALUE(cond, __VA_ARGS__)
 #endif
 
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -118,19 +119,34 @@ inline const Config& config_of(std::string_view key) {
   return found->second;
 }
 
-// A stack's layer configs (joined with '|'), parsed once per distinct string.
-inline const std::vector<const Config*>& stack_of(std::string_view key) {
-  static std::mutex mutex;
-  static std::map<std::string, std::vector<const Config*>, std::less<>> parsed;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = parsed.find(key);
-    if (found != parsed.end()) return found->second;
+// Configs by number (the op recurrent_config's): a string that crosses PyTorch's stable ABI is copied twice per
+// call, a number is not. Each distinct string parsed once, numbered from 0.
+class NumberedConfigs {
+ public:
+  static NumberedConfigs& get() {
+    static NumberedConfigs configs;
+    return configs;
   }
-  std::vector<const Config*> layers;
-  for (const std::string& layer : split(std::string(key), '|')) layers.push_back(&config_of(layer));
-  std::lock_guard<std::mutex> lock(mutex);
-  return parsed.emplace(std::string(key), std::move(layers)).first->second;
-}
+  int64_t number(std::string_view key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = numbers_.find(key);
+    if (found == numbers_.end()) {
+      std::string text(key);
+      configs_.push_back(parse_config(text));
+      found = numbers_.emplace(text, static_cast<int64_t>(configs_.size()) - 1).first;
+    }
+    return found->second;
+  }
+  const Config& at(int64_t number) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    CHECK_VALUE(number >= 0 && number < static_cast<int64_t>(configs_.size()), "recurrent op: no config ", number);
+    return configs_[number];  // a deque: a later push_back moves no element
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, int64_t, std::less<>> numbers_;
+  std::deque<Config> configs_;
+};
 
 }  // namespace onnx2torch_rnn

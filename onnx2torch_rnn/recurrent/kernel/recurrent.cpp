@@ -75,20 +75,40 @@ std::array<int, 4> source_blocks(const Config& c) {
   return {0, 0, 0, 0};
 }
 
-// A new contiguous CPU tensor. torch::stable's empty and new_empty go through the dispatcher's boxed path, about
-// two microseconds each, which a batch-1 node notices (an LSTM node of hidden 64, 16 steps, batch 1: 30-32 us with
-// them, 22-26 us with this, 20-23 us on torch's full C++ API); the AOTI shim's empty_strided, also part of the stable
-// ABI, is one direct call.
-Tensor empty(const std::vector<int64_t>& shape, ScalarType dtype) {
-  std::vector<int64_t> strides(shape.size());
+// A tensor's sizes or strides, up to 4, without an allocation: a batch-1 call notices each malloc, and the stable
+// ABI already makes several per tensor that crosses it.
+struct Dims {
+  std::array<int64_t, 4> v{};
+  size_t n = 0;
+  Dims(std::initializer_list<int64_t> values) : n(values.size()) { std::copy(values.begin(), values.end(), v.begin()); }
+  template <typename Sizes>
+  static Dims of(const Sizes& sizes) {
+    Dims dims{};
+    dims.n = sizes.size();
+    std::copy(sizes.begin(), sizes.end(), dims.v.begin());
+    return dims;
+  }
+  size_t size() const { return n; }
+  const int64_t* begin() const { return v.data(); }
+  const int64_t* end() const { return v.data() + n; }
+  int64_t& operator[](size_t k) { return v[k]; }
+  int64_t operator[](size_t k) const { return v[k]; }
+};
+
+// A new CPU tensor, contiguous or laid out by `strides`. torch::stable's empty and new_empty go through the
+// dispatcher's boxed path, about two microseconds each, which a batch-1 node notices (an LSTM node of hidden 64, 16
+// steps, batch 1: 30-32 us with them, 22-26 us with this, 20-23 us on torch's full C++ API); the AOTI shim's
+// empty_strided, also part of the stable ABI, is one direct call.
+Tensor empty(const Dims& shape, ScalarType dtype, const Dims* strides = nullptr) {
+  Dims contiguous = shape;
   int64_t stride = 1;
   for (size_t k = shape.size(); k-- > 0;) {
-    strides[k] = stride;
+    contiguous[k] = stride;
     stride *= std::max<int64_t>(shape[k], 1);
   }
   AtenTensorHandle handle;
   STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
-      static_cast<int64_t>(shape.size()), shape.data(), strides.data(),
+      static_cast<int64_t>(shape.size()), shape.begin(), (strides ? *strides : contiguous).begin(),
       torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)), aoti_torch_device_type_cpu(), 0,
       &handle));
   return Tensor(handle);
@@ -298,7 +318,7 @@ struct Direction {
   T* xproj;
   int64_t x_stride, row_t, row_n;
   const int64_t* lens;
-  const bool* mask;
+  const char* mask;  // X's rows (mask_rows)
   T* y;  // nullptr when Y is not asked for; else Y + this direction's offset
   int64_t y_t, y_n;
   T *h_prev, *h_next, *cell, *z, *rh, *last;  // [batch, hpad] each
@@ -559,11 +579,16 @@ std::string dtype_text(ScalarType dtype) {
 }
 
 // The messages of validation.py's (`expected` as the tensor's own layout has it).
-void check_shape(const std::string& name, const Tensor& t, const std::vector<int64_t>& expected) {
-  if (!t.defined()) return;
-  const auto got = t.sizes();
+template <typename Sizes>
+void check_sizes(const char* name, const Sizes& got, const Dims& expected) {
   CHECK_VALUE(std::equal(got.begin(), got.end(), expected.begin(), expected.end()), name, " must have shape ",
               shape_text(expected), ", got ", shape_text(got));
+}
+
+void check_shape(const char* name, const Tensor& t, const Dims& expected) { check_sizes(name, t.sizes(), expected); }
+
+void check_shape(const char* name, const std::optional<Tensor>& t, const Dims& expected) {
+  if (t) check_shape(name, *t, expected);
 }
 
 // The hidden and input sizes, after checking every weight's shape.
@@ -595,26 +620,21 @@ std::pair<int64_t, int64_t> checked_weights(const Config& c, const Tensors& weig
   return {hidden, input};
 }
 
-// The hidden size, after checking every weight's shape and then X's against W's input size (as validation.py:
-// a wrong X is blamed on X).
-int64_t checked_hidden(const Config& c, const Tensors& weights, const Tensor& X) {
-  const auto [hidden, input] = checked_weights(c, weights);
-  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
-  check_shape("X", X, c.layout ? std::vector<int64_t>{batch, steps, input} : std::vector<int64_t>{steps, batch, input});
-  return hidden;
-}
-
-Tensor checked_lengths(const std::optional<Tensor>& sequence_lens, int64_t steps, int64_t batch) {
-  if (!sequence_lens) return {};
-  const ScalarType dtype = sequence_lens->scalar_type();
+// sequence_lens checked, as int64 (read through its strides: no tensor op).
+std::vector<int64_t> checked_lengths(const Tensor& sequence_lens, int64_t steps, int64_t batch) {
+  const ScalarType dtype = sequence_lens.scalar_type();
   CHECK_VALUE(dtype == ScalarType::Int || dtype == ScalarType::Long, "sequence_lens must be int32 or int64, got ",
               dtype_text(dtype));
-  Tensor lens = as_compute(*sequence_lens, ScalarType::Long);
-  check_shape("sequence_lens", lens, {batch});
-  const int64_t* p = lens.mutable_data_ptr<int64_t>();
-  if (std::any_of(p, p + batch, [steps](int64_t v) { return v < 0 || v > steps; })) {
+  check_shape("sequence_lens", sequence_lens, {batch});
+  std::vector<int64_t> lens(batch);
+  const int64_t stride = batch > 1 ? sequence_lens.stride(0) : 1;
+  const void* data = sequence_lens.const_data_ptr();
+  for (int64_t n = 0; n < batch; ++n)
+    lens[n] = dtype == ScalarType::Int ? static_cast<const int32_t*>(data)[n * stride]
+                                       : static_cast<const int64_t*>(data)[n * stride];
+  if (std::any_of(lens.begin(), lens.end(), [steps](int64_t v) { return v < 0 || v > steps; })) {
     std::ostringstream values;
-    for (int64_t n = 0; n < batch; ++n) values << (n ? ", " : "") << p[n];
+    for (int64_t n = 0; n < batch; ++n) values << (n ? ", " : "") << lens[n];
     CHECK_VALUE(false, "sequence_lens values must lie in [0, ", steps, "] (the sequence length of X), got [",
                 values.str(), "]");
   }
@@ -853,17 +873,92 @@ void share(int threads, int64_t phases, int64_t parts, const Job::Piece& piece) 
 
 // ---- the op -----------------------------------------------------------------------------------------------------
 
-// Copies states between a [D, N, H] / [N, D, H] tensor (by layout) and the [D, N, hpad] work buffers.
+// The kernel reads its inputs through their strides and makes its outputs in the layout asked for: the tensor ops
+// of PyTorch's stable ABI (torch/csrc/stable/ops.h: to, contiguous, transpose, ...) go through the dispatcher's
+// boxed path, found by name, a microsecond or more each, which a batch-1 call notices. Only a dtype the kernel does
+// not compute in (float16 and bfloat16, cast to float32) takes one.
+
+// Copies the initial states of a [D, N, H] / [N, D, H] tensor (by layout, any strides) into the [D, N, hpad] work
+// buffers.
 template <typename T>
-void copy_states(const Config& c, const T* from, T* to, int64_t batch, int64_t hidden, int64_t hpad,
-                 bool into_buffers) {
+void load_states(const Config& c, const Tensor& given, T* to, int64_t batch, int64_t hidden, int64_t hpad) {
+  const ScalarType dtype = torch::headeronly::CppTypeToScalarType<T>::value;
+  const Tensor states = given.scalar_type() == dtype ? given : ops::to(given, dtype);
+  const T* from = states.const_data_ptr<T>();
+  const int64_t sd = states.stride(c.layout ? 1 : 0), sn = states.stride(c.layout ? 0 : 1), sh = states.stride(2);
   for (int d = 0; d < c.directions; ++d) {
     for (int64_t n = 0; n < batch; ++n) {
-      const int64_t buffer = (d * batch + n) * hpad;
-      const int64_t tensor = (c.layout ? n * c.directions + d : d * batch + n) * hidden;
-      std::memcpy(to + (into_buffers ? buffer : tensor), from + (into_buffers ? tensor : buffer), sizeof(T) * hidden);
+      const T* row = from + d * sd + n * sn;
+      T* out = to + (d * batch + n) * hpad;
+      for (int64_t k = 0; k < hidden; ++k) out[k] = row[k * sh];
     }
   }
+}
+
+// Copies the final states from the [D, N, hpad] work buffers into a [D, N, H] / [N, D, H] tensor (by layout).
+template <typename T>
+void store_states(const Config& c, const T* from, T* to, int64_t batch, int64_t hidden, int64_t hpad) {
+  for (int d = 0; d < c.directions; ++d) {
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t tensor = (c.layout ? n * c.directions + d : d * batch + n) * hidden;
+      std::memcpy(to + tensor, from + (d * batch + n) * hpad, sizeof(T) * hidden);
+    }
+  }
+}
+
+// X's rows as one block of T, in its layout's order (t·N + n, or n·T + t for layout 1): X's own data where it is that
+// block, else a copy kept in `copy`. `swapped`: X has its first two dimensions swapped (a batch-first stack's X),
+// and is read as its layers read it: the same tiles of rows, the same bits.
+template <typename T>
+const T* rows_of(const Tensor& X, bool swapped, std::optional<Tensor>& copy) {
+  const ScalarType dtype = torch::headeronly::CppTypeToScalarType<T>::value;
+  if (X.scalar_type() != dtype) copy = ops::to(X, dtype);  // float16, bfloat16: cast (rare), then as below
+  const Tensor source = copy ? *copy : X;
+  if (!swapped && source.is_contiguous()) return source.const_data_ptr<T>();
+  const int first = swapped ? 1 : 0, second = 1 - first;
+  const int64_t A = source.size(first), B = source.size(second), I = source.size(2);
+  const int64_t sa = source.stride(first), sb = source.stride(second), si = source.stride(2);
+  Tensor rows = empty({A, B, I}, dtype);
+  const T* from = source.const_data_ptr<T>();
+  T* to = rows.mutable_data_ptr<T>();
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < I; ++i) *to++ = from[a * sa + b * sb + i * si];
+  copy = rows;
+  return rows.const_data_ptr<T>();
+}
+
+// A node's mask [A, B] (X's first two dimensions) as bytes in X's row order a·B + b.
+std::vector<char> mask_rows(const Tensor& mask) {
+  const int64_t A = mask.size(0), B = mask.size(1), sa = mask.stride(0), sb = mask.stride(1);
+  const bool* from = mask.const_data_ptr<bool>();
+  std::vector<char> rows(A * B);
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t b = 0; b < B; ++b) rows[a * B + b] = from[a * sa + b * sb];
+  return rows;
+}
+
+// Y's shape and strides, and where its element (t, d, n, 0) lies: t·t + d·d + n·n.
+struct OutputLayout {
+  Dims shape, strides;
+  int64_t t, d, n;
+};
+
+// A node's Y: [T, D, N, H], or [N, T, D, H] for layout 1; `swap`: dimensions 0 and 1 swapped (a view's strides).
+OutputLayout node_output(bool layout1, int64_t T, int64_t D, int64_t N, int64_t H, bool swap = false) {
+  OutputLayout at = layout1 ? OutputLayout{{N, T, D, H}, {T * D * H, D * H, H, 1}, D * H, H, T * D * H}
+                            : OutputLayout{{T, D, N, H}, {D * N * H, N * H, H, 1}, D * N * H, N * H, H};
+  if (swap) {
+    std::swap(at.shape[0], at.shape[1]);
+    std::swap(at.strides[0], at.strides[1]);
+  }
+  return at;
+}
+
+// A stack layer's Y, its directions side by side: [T, N, D·H], or [N, T, D·H] (batch first), contiguous.
+OutputLayout merged_output(bool batch_first, int64_t T, int64_t D, int64_t N, int64_t H) {
+  if (batch_first) return {{N, T, D * H}, {T * D * H, D * H, 1}, D * H, H, T * D * H};
+  return {{T, N, D * H}, {N * D * H, D * H, 1}, N * D * H, H, D * H};
 }
 
 // One core's L2 cache in bytes, as the C library reports it (1 MiB when it does not).
@@ -879,18 +974,28 @@ int64_t l2_bytes() {
   return bytes;
 }
 
+// One node's inputs, checked: X as its layout has it, or with its first two dimensions swapped (rows_of); lens: each
+// row's length, empty when every row runs every step (no per-row bookkeeping); mask: X's rows (mask_rows), empty for
+// none.
+struct Node {
+  const Tensor& X;
+  bool swapped;
+  int64_t steps, batch, hidden;
+  const std::vector<int64_t>& lens;
+  const std::optional<Tensor>&h0, &c0;
+  const std::vector<char>& mask;
+};
+
 template <typename T>
-std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Tensor& X, const Tensor& packs,
-                                                   int64_t hidden, const Tensor& lens, const Tensor& h0,
-                                                   const Tensor& c0, const Tensor& mask, int threads) {
+std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Node& node, const Tensor& packs, int threads,
+                                       const OutputLayout& y_at) {
   constexpr int L = Vec<T>::lanes;
   const ScalarType dtype = torch::headeronly::CppTypeToScalarType<T>::value;
-  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1), input = X.size(2);
+  const int64_t steps = node.steps, batch = node.batch, hidden = node.hidden, input = node.X.size(2);
   const int D = c.directions;
   const int64_t gh = c.gates * hidden;
   const int64_t hpad = (hidden + L - 1) / L * L, blocks = hpad / L;
-  const std::vector<int64_t> state_shape =
-      c.layout ? std::vector<int64_t>{batch, D, hidden} : std::vector<int64_t>{D, batch, hidden};
+  const Dims state_shape = c.layout ? Dims{batch, D, hidden} : Dims{D, batch, hidden};
   const std::vector<Packed<T>> packed = unpacked<T>(c, packs, hidden, input, has_peepholes(c));
 
   // One workspace: the input projection [D, T·N, blocks·gates·lanes], then h (twice), C, z, r·H and the held
@@ -900,18 +1005,18 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Tensor& X, const T
   T* base = work.mutable_data_ptr<T>();
   T *h = base + D * rows * x_stride, *cell = h + 2 * state, *scratch = cell + state;
   std::fill(h, h + 6 * state, T(0));
-  if (h0.defined()) copy_states(c, as_compute(h0, dtype).mutable_data_ptr<T>(), h, batch, hidden, hpad, true);
-  if (c0.defined()) copy_states(c, as_compute(c0, dtype).mutable_data_ptr<T>(), cell, batch, hidden, hpad, true);
+  if (node.h0) load_states(c, *node.h0, h, batch, hidden, hpad);
+  if (node.c0) load_states(c, *node.c0, cell, batch, hidden, hpad);
 
-  const bool any_lens = lens.defined();
-  Tensor y;  // zeros past each row's length: only the steps that run are written
+  const bool any_lens = !node.lens.empty();
+  std::optional<Tensor> y;  // zeros past each row's length: only the steps that run are written
   if (c.outputs[0]) {
-    const auto y_shape = c.layout ? std::vector<int64_t>{batch, steps, D, hidden}
-                                  : std::vector<int64_t>{steps, D, batch, hidden};
-    y = empty(y_shape, dtype);
-    if (any_lens) std::fill_n(y.mutable_data_ptr<T>(), y.numel(), T(0));
+    y = empty(y_at.shape, dtype, &y_at.strides);
+    if (any_lens) std::fill_n(y->mutable_data_ptr<T>(), y->numel(), T(0));  // dense, whatever its strides
   }
-  const Tensor x = as_compute(X, dtype);  // rows t·N + n, or n·T + t for layout 1
+  std::optional<Tensor> x_copy;
+  const T* xp = rows_of<T>(node.X, node.swapped, x_copy);
+  T* y_data = y ? y->mutable_data_ptr<T>() : nullptr;
   std::vector<Direction<T>> runs(D);
   for (int d = 0; d < D; ++d) {
     Direction<T>& r = runs[d];
@@ -927,11 +1032,11 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Tensor& X, const T
     r.x_stride = x_stride;
     r.row_t = c.layout ? 1 : batch;
     r.row_n = c.layout ? steps : 1;
-    r.lens = any_lens ? lens.mutable_data_ptr<int64_t>() : nullptr;
-    r.mask = mask.defined() ? mask.mutable_data_ptr<bool>() : nullptr;
-    r.y = c.outputs[0] ? y.mutable_data_ptr<T>() + (c.layout ? d * hidden : d * batch * hidden) : nullptr;
-    r.y_t = c.layout ? D * hidden : D * batch * hidden;
-    r.y_n = c.layout ? steps * D * hidden : hidden;
+    r.lens = any_lens ? node.lens.data() : nullptr;
+    r.mask = node.mask.empty() ? nullptr : node.mask.data();
+    r.y = y_data ? y_data + d * y_at.d : nullptr;
+    r.y_t = y_at.t;
+    r.y_n = y_at.n;
     r.h_prev = h + d * batch * hpad;
     r.h_next = h + state + d * batch * hpad;
     r.cell = cell + d * batch * hpad;
@@ -943,16 +1048,14 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Tensor& X, const T
     r.y_rows.assign(batch, nullptr);
   }
   // Threads: both directions at once, or else one direction's hidden blocks, in the input projection and per step,
-  // when that work is worth sharing (a tagger of hidden 32 at batch 1, 16 steps: not). Both directions at once only while one direction's recurrent weights fit half
-  // a core's L2: past that (hidden 512 LSTM: 4 MiB) each core streams its direction's weights from memory every
-  // step, and splitting every direction's blocks (each core then re-reads the half it keeps in cache) ran 1.7x
-  // faster.
-  const int64_t longest = any_lens ? *std::max_element(lens.mutable_data_ptr<int64_t>(), lens.mutable_data_ptr<int64_t>() + batch)
-                                   : steps;
+  // when that work is worth sharing (a tagger of hidden 32 at batch 1, 16 steps: not). Both directions at once only
+  // while one direction's recurrent weights fit half a core's L2: past that (hidden 512 LSTM: 4 MiB) each core
+  // streams its direction's weights from memory every step, and splitting every direction's blocks (each core then
+  // re-reads the half it keeps in cache) ran 1.7x faster.
+  const int64_t longest = any_lens ? *std::max_element(node.lens.begin(), node.lens.end()) : steps;
   auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
   const bool directions_at_once = D == 2 && threads > 1 && gh * hidden * int64_t{sizeof(T)} <= l2_bytes() / 2 &&
                                   rows * gh * (input + hidden) >= (1 << 17);
-  const T* xp = x.mutable_data_ptr<T>();
   if (directions_at_once) {
     const Job::Piece piece = [&](int, int64_t, int64_t d) {
       runs[d].project(xp, rows, input, 0, blocks);
@@ -983,54 +1086,54 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Tensor& X, const T
 
   // The final states: each row's after its last step; zero for a row of length 0 and for a sequence of length 0,
   // initial states or not (onnxruntime).
-  Tensor y_h, y_c;
+  std::optional<Tensor> y_h, y_c;
   const T* last_h = h + (longest % 2) * state;
   for (int k = 1; k < 3; ++k) {
     if (!c.outputs[k] || (k == 2 && c.cell != CellType::LSTM)) continue;
     Tensor out = empty(state_shape, dtype);
     T* states = out.mutable_data_ptr<T>();
-    copy_states(c, k == 1 ? last_h : cell, states, batch, hidden, hpad, false);
-    const int64_t* l = any_lens ? lens.mutable_data_ptr<int64_t>() : nullptr;
+    store_states(c, k == 1 ? last_h : cell, states, batch, hidden, hpad);
     for (int64_t n = 0; n < batch; ++n) {
-      if (steps > 0 && !(l && l[n] == 0)) continue;
+      if (steps > 0 && !(any_lens && node.lens[n] == 0)) continue;
       for (int d = 0; d < D; ++d)  // the row's state of each direction (layout 0 [D, N, H], layout 1 [N, D, H])
         std::fill_n(states + (c.layout ? n * D + d : d * batch + n) * hidden, hidden, T(0));
     }
     (k == 1 ? y_h : y_c) = out;
   }
-  auto output = [&](const Tensor& t) {
-    return !t.defined() ? empty({0}, X.scalar_type()) : dtype == X.scalar_type() ? t : ops::to(t, X.scalar_type());
+  const ScalarType given = node.X.scalar_type();
+  auto output = [&](const std::optional<Tensor>& t) {
+    return !t ? empty({0}, given) : dtype == given ? *t : ops::to(*t, given);
   };
   return {output(y), output(y_h), output(y_c)};
 }
 
-// Checks one node's inputs but sequence_lens (in validation.py's order: weights, X, initial states; a wrong X is
-// blamed on X) and returns its hidden size.
-int64_t checked_inputs(const Config& c, const Tensor& X, const Tensors& weights, const Tensor& h0,
-                       const Tensor& c0) {
+// Checks one node's inputs but sequence_lens (in validation.py's order: the weights, checked when they were packed,
+// then X, the initial states; a wrong X is blamed on X). `swapped`: X comes with its first two dimensions swapped
+// from the config's layout (a batch-first stack's), and is checked as the layer sees it.
+void check_inputs(const Config& c, const Tensor& X, int64_t hidden, int64_t input, const std::optional<Tensor>& h0,
+                  const std::optional<Tensor>& c0, bool swapped) {
   CHECK_VALUE(X.dim() == 3, "X must have 3 dimensions, got shape ", shape_text(X.sizes()));
-  const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
-  const int64_t hidden = checked_hidden(c, weights, X);
-  const std::vector<int64_t> state_shape = c.layout ? std::vector<int64_t>{batch, c.directions, hidden}
-                                                    : std::vector<int64_t>{c.directions, batch, hidden};
+  Dims got = Dims::of(X.sizes());
+  if (swapped) std::swap(got[0], got[1]);
+  const int64_t steps = got[c.layout ? 1 : 0], batch = got[c.layout ? 0 : 1];
+  check_sizes("X", got, c.layout ? Dims{batch, steps, input} : Dims{steps, batch, input});
+  const Dims state_shape = c.layout ? Dims{batch, c.directions, hidden} : Dims{c.directions, batch, hidden};
   check_shape("initial_h", h0, state_shape);
   check_shape("initial_c", c0, state_shape);
-  return hidden;
 }
 
-// sequence_lens checked, as int64; undefined when every row is full (the run then needs no per-row bookkeeping).
-Tensor partial_lengths(const std::optional<Tensor>& sequence_lens, int64_t steps, int64_t batch) {
-  Tensor lens = checked_lengths(sequence_lens, steps, batch);
-  if (!lens.defined()) return lens;
-  const int64_t* p = lens.mutable_data_ptr<int64_t>();  // a loop, not three ops: a batch-1 call notices each op
-  return std::all_of(p, p + batch, [steps](int64_t v) { return v == steps; }) ? Tensor() : lens;
+// sequence_lens checked; empty when every row is full (the run then needs no per-row bookkeeping).
+std::vector<int64_t> partial_lengths(const std::optional<Tensor>& sequence_lens, int64_t steps, int64_t batch) {
+  if (!sequence_lens) return {};
+  std::vector<int64_t> lens = checked_lengths(*sequence_lens, steps, batch);
+  if (std::all_of(lens.begin(), lens.end(), [steps](int64_t v) { return v == steps; })) lens.clear();
+  return lens;
 }
 
-std::tuple<Tensor, Tensor, Tensor> run_node(const Config& c, const Tensor& X, const Tensor& packs,
-                                                        int64_t hidden, const Tensor& lens, const Tensor& h0,
-                                                        const Tensor& c0, const Tensor& mask, int threads) {
-  if (X.scalar_type() == ScalarType::Double) return run<double>(c, X, packs, hidden, lens, h0, c0, mask, threads);
-  return run<float>(c, X, packs, hidden, lens, h0, c0, mask, threads);
+std::tuple<Tensor, Tensor, Tensor> run_node(const Config& c, const Node& node, const Tensor& packs, int threads,
+                                            const OutputLayout& y_at) {
+  if (node.X.scalar_type() == ScalarType::Double) return run<double>(c, node, packs, threads, y_at);
+  return run<float>(c, node, packs, threads, y_at);
 }
 
 // The op recurrent_pack: a node's weights packed for the compute dtype (float64, else float32), after checking their
@@ -1048,24 +1151,29 @@ Tensor pack_node(const Config& c, const Tensors& weights) {
   return packed;
 }
 
-Tensor recurrent_pack_cpu(const Tensors& weights, std::string_view config, bool float64) {
+// The op recurrent_config: a config string's number, which the other ops take (NumberedConfigs).
+int64_t recurrent_config_cpu(std::string_view config) { return NumberedConfigs::get().number(config); }
+
+// The op recurrent_pack (see pack_node): the packed weights, the hidden size and the input size.
+std::tuple<Tensor, int64_t, int64_t> recurrent_pack_cpu(const Tensors& weights, int64_t config, bool float64) {
   const OneThread one;
-  const Config& c = config_of(std::string_view(config.data(), config.size()));
-  return float64 ? pack_node<double>(c, weights) : pack_node<float>(c, weights);
+  const Config& c = NumberedConfigs::get().at(config);
+  const auto [hidden, input] = checked_weights(c, weights);
+  return {float64 ? pack_node<double>(c, weights) : pack_node<float>(c, weights), hidden, input};
 }
 
-// The op recurrent_packed: recurrent's CPU implementation, given its weights packed by recurrent_pack.
+// The op recurrent_packed: recurrent's CPU implementation, given its weights packed by recurrent_pack (with the
+// hidden and input sizes it returned).
 std::tuple<Tensor, Tensor, Tensor> recurrent_packed_cpu(
-    const Tensor& X, const Tensors& weights, const Tensor& packs, std::string_view config,
+    const Tensor& X, const Tensor& packs, int64_t config, int64_t hidden, int64_t input,
     const std::optional<Tensor>& sequence_lens, const std::optional<Tensor>& initial_h,
     const std::optional<Tensor>& initial_c, const std::optional<Tensor>& mask) {
   const OneThread one;
-  const Config& c = config_of(std::string_view(config.data(), config.size()));
-  const Tensor h0 = initial_h.value_or(Tensor()), c0 = initial_c.value_or(Tensor());
-  const int64_t hidden = checked_inputs(c, X, weights, h0, c0);
+  const Config& c = NumberedConfigs::get().at(config);
+  check_inputs(c, X, hidden, input, initial_h, initial_c, false);
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
-  const Tensor lens = partial_lengths(sequence_lens, steps, batch);
-  Tensor mask_t;
+  const std::vector<int64_t> lens = partial_lengths(sequence_lens, steps, batch);
+  std::vector<char> rows;
   CHECK_VALUE(mask.has_value() == (c.mask_output >= 0),
               mask.has_value() ? "this node takes no mask input" : "this node takes a mask input");
   if (mask) {
@@ -1074,15 +1182,16 @@ std::tuple<Tensor, Tensor, Tensor> recurrent_packed_cpu(
                 "mask must be a bool tensor of X's first two dims (as [T, N]: [", steps, ", ", batch,
                 "]), got ", mask->scalar_type(), " ", shape_text(mask->sizes()));
     CHECK_VALUE(!sequence_lens, "a node takes either sequence_lens or a mask, not both");
-    mask_t = ops::contiguous(*mask);
+    rows = mask_rows(*mask);
   }
-  return run_node(c, X, packs, hidden, lens, h0, c0, mask_t, one.threads());
+  const Node node{X, false, steps, batch, hidden, lens, initial_h, initial_c, rows};
+  return run_node(c, node, packs, one.threads(), node_output(c.layout, steps, c.directions, batch, hidden));
 }
 
 // The layers' final states as one [L·D, N, H] tensor (the first layer's empty one where they are not computed).
 Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
   if (per_layer.size() == 1 || !computed) return per_layer[0];
-  std::vector<int64_t> shape(per_layer[0].sizes().begin(), per_layer[0].sizes().end());
+  Dims shape = Dims::of(per_layer[0].sizes());
   shape[0] = 0;
   for (const Tensor& t : per_layer) shape[0] += t.size(0);
   Tensor all = empty(shape, per_layer[0].scalar_type());
@@ -1097,48 +1206,59 @@ Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
 
 // StackedRecurrent.forward (recurrent/module.py, which documents the arguments) in one call: at batch 1 the Python
 // around each layer (its op call, the transpositions and concatenations between layers) costs as much as the
-// layers' work. `configs` joins the layers' configs (layout 0, no mask) with '|'; `counts` says how many of
-// `weights` each layer takes; initial_h / initial_c hold each layer's states (or None). Returns y, h_n, c_n (empty
-// where the layers do not compute them).
+// layers' work. `configs` numbers the layers' configs (layout 0, no mask), `packs` holds their packed weights and
+// `sizes` their hidden and input sizes (recurrent_pack's), layer after layer; initial_h / initial_c hold each layer's
+// states (or None). Returns y, h_n, c_n (empty
+// where the layers do not compute them). A batch-first X is read as it is, and each layer writes its Y where the
+// next one (or the caller) reads it: no transposition.
 std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(
-    const Tensor& X, const Tensors& weights, const Tensors& packs, const std::vector<int64_t>& counts,
-    std::string_view configs,
+    const Tensor& X, const Tensors& packs, const std::vector<int64_t>& configs, const std::vector<int64_t>& sizes,
     const std::optional<Tensor>& sequence_lens, const std::vector<std::optional<Tensor>>& initial_h,
     const std::vector<std::optional<Tensor>>& initial_c, bool batch_first, bool batch_first_output,
     bool merge_output, bool last_states) {
   const OneThread one;
-  const std::vector<const Config*>& layers = stack_of(std::string_view(configs.data(), configs.size()));
-  const size_t count = layers.size();
-  CHECK_VALUE(count == counts.size() && count == packs.size() && count == initial_h.size() &&
+  const size_t count = configs.size();
+  CHECK_VALUE(count > 0 && count == packs.size() && 2 * count == sizes.size() && count == initial_h.size() &&
                   count == initial_c.size(),
-              "recurrent_stack: one config, weight count, packed weights and initial state per layer");
-  Tensor x = batch_first && X.dim() == 3 ? ops::transpose(X, 0, 1) : X, y, lens;
-  std::vector<Tensor> h_n(count), c_n(count);
-  size_t offset = 0;
+              "recurrent_stack: one config, packed weights, two sizes and initial state per layer");
+  Tensor x = X;
+  bool swapped = batch_first && X.dim() == 3;  // x is [N, T, I] where the layers take [T, N, I]
+  std::vector<int64_t> lens;
+  const std::vector<char> no_mask;
+  std::vector<Tensor> h_n, c_n;
+  const Config* first = nullptr;
   for (size_t l = 0; l < count; ++l) {
-    const Config& c = *layers[l];
+    const Config& c = NumberedConfigs::get().at(configs[l]);
+    first = first ? first : &c;
     CHECK_VALUE(c.layout == 0 && c.mask_output < 0, "recurrent_stack: layers are layout 0 without a mask");
-    CHECK_VALUE(offset + counts[l] <= weights.size(), "recurrent_stack: fewer weights than counts");
-    const Tensors own(weights.begin() + offset, weights.begin() + offset + counts[l]);
-    offset += counts[l];
-    const Tensor h0 = initial_h[l].value_or(Tensor()), c0 = initial_c[l].value_or(Tensor());
-    const int64_t hidden = checked_inputs(c, x, own, h0, c0);
-    if (l == 0) lens = partial_lengths(sequence_lens, x.size(0), x.size(1));  // after X's checks, as per layer
-    std::tie(y, h_n[l], c_n[l]) = run_node(c, x, packs[l], hidden, lens, h0, c0, Tensor(), one.threads());
-    CHECK_VALUE(c.outputs[0] || l + 1 == count, "recurrent_stack: a layer below the last must compute Y");
-    if (c.outputs[0] && (l + 1 < count || merge_output)) y = ops::flatten(ops::transpose(y, 1, 2), 2);  // [T, N, D·H]
+    const int64_t hidden = sizes[2 * l];
+    check_inputs(c, x, hidden, sizes[2 * l + 1], initial_h[l], initial_c[l], swapped);
+    const int64_t steps = x.size(swapped ? 1 : 0), batch = x.size(swapped ? 0 : 1);
+    if (l == 0) lens = partial_lengths(sequence_lens, steps, batch);  // after X's checks, as per layer
+    const bool last = l + 1 == count, out_batch_first = last && batch_first_output;
+    const OutputLayout y_at = last && !merge_output
+                                  ? node_output(false, steps, c.directions, batch, hidden, out_batch_first)
+                                  : merged_output(out_batch_first, steps, c.directions, batch, hidden);
+    const Node node{x, swapped, steps, batch, hidden, lens, initial_h[l], initial_c[l], no_mask};
+    auto [y, y_h, y_c] = run_node(c, node, packs[l], one.threads(), y_at);
+    CHECK_VALUE(c.outputs[0] || last, "recurrent_stack: a layer below the last must compute Y");
+    h_n.push_back(y_h);
+    c_n.push_back(y_c);
     x = y;
+    swapped = false;
   }
-  CHECK_VALUE(offset == weights.size(), "recurrent_stack: more weights than counts");
-  if (layers.back()->outputs[0] && batch_first_output) y = ops::transpose(y, 0, 1);
   if (last_states) {
     h_n = {h_n.back()};
     c_n = {c_n.back()};
   }
-  return {y, joined(h_n, layers[0]->outputs[1]), joined(c_n, layers[0]->outputs[2])};
+  return {x, joined(h_n, first->outputs[1]), joined(c_n, first->outputs[2])};
 }
 
 }  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CompositeExplicitAutograd, m) {  // no tensor: no device to dispatch on
+  m.impl("recurrent_config", TORCH_BOX(&recurrent_config_cpu));
+}
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("recurrent_pack", TORCH_BOX(&recurrent_pack_cpu));
