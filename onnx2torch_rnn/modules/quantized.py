@@ -1216,24 +1216,24 @@ class DynamicQuantizeLSTM(Recurrent):
         # buffers and parameters read from their dicts: nn.Module's attribute lookup costs a small node's time
         buffers, parameters = buffer_dict(self), parameter_dict(self)
         own = [buffers[name] for name in self.BUFFERS]
-        given = (W, R, W_scale, W_zero_point, R_scale, R_zero_point)
-        q = dict(zip(self.QUANTIZED, (o if o is not None else g for o, g in zip(own, given, strict=True)),
-                     strict=True))
-        B, P = (given if mine is None else mine for mine, given in ((parameters["B"], B), (parameters["P"], P)))
+        q = [g if o is None else o for o, g in zip(own, (W, R, W_scale, W_zero_point, R_scale, R_zero_point),
+                                                    strict=True)]
+        B = B if (mine := parameters["B"]) is None else mine
+        P = P if (mine := parameters["P"]) is None else mine
         # one opaque node while compiling (the loop is not traced step by step); the native kernel in CPU inference
         if torch.compiler.is_compiling() or (X.dtype != torch.float64 and
                                              native_inference(X, (X, B, P, initial_h, initial_c))):
             lens = buffers["static_lens"] if sequence_lens is None else sequence_lens
-            outputs = _DYNAMIC_QUANTIZE_LSTM(X, q["W"], q["R"], B, lens, initial_h, initial_c, P, q["W_scale"],
-                                             q["W_zero_point"], q["R_scale"], q["R_zero_point"], self.op_config)
-            outputs = [o if wanted else None for o, wanted in zip(outputs, self.config.outputs, strict=True)]
+            outputs = _DYNAMIC_QUANTIZE_LSTM(X, q[0], q[1], B, lens, initial_h, initial_c, P, *q[2:], self.op_config)
+            wanted = self.config.outputs
+            outputs = [outputs[0] if wanted[0] else None, outputs[1] if wanted[1] else None,
+                       outputs[2] if wanted[2] else None]
         else:
             constant = all(own[k] is not None for k in (0, 1, 3, 5))  # W, R and their zero points
-            products = IntegerProducts(q["W_scale"], q["W_zero_point"], q["R_scale"], q["R_zero_point"],
-                                       ended_rows_are_zero=self.config.outputs[0],
+            products = IntegerProducts(*q[2:], ended_rows_are_zero=self.config.outputs[0],
                                        prepare=self._kept_weights if constant else None)
             lens = self.sequence_lens if sequence_lens is None else sequence_lens
-            outputs = recurrent(self.cell, self.config, X, q["W"].transpose(1, 2), q["R"].transpose(1, 2), B,
+            outputs = recurrent(self.cell, self.config, X, q[0].transpose(1, 2), q[1].transpose(1, 2), B,
                                 lens, initial_h, initial_c, P, products=products)
         outputs = outputs[: self.num_outputs]
         return outputs[0] if self.num_outputs == 1 else outputs

@@ -353,7 +353,25 @@ class Expand(_Attributes):
 
     def forward(self, data, shape=None):
         # Bidirectional broadcasting: a target dim of 1 keeps the input's dim.
-        return data.expand(torch.broadcast_shapes(data.shape, ints(self.shape, shape)))
+        target = ints(self.shape, shape)
+        # eager, plain sizes: torch.broadcast_shapes costs ~10 us of Python
+        if not torch.compiler.is_compiling() and isinstance(data, torch.Tensor) and isinstance(target, list | tuple):
+            size = _broadcast(data.shape, target)
+            if size is not None:
+                return data.expand(size)
+        return data.expand(torch.broadcast_shapes(data.shape, target))
+
+
+def _broadcast(a: Sequence, b: Sequence) -> list[int] | None:
+    """The broadcast of two shapes of plain ints; None where one is not (symbolic) or they do not broadcast (then
+    torch.broadcast_shapes says why)."""
+    n = max(len(a), len(b))
+    out = []
+    for x, y in zip([1] * (n - len(a)) + list(a), [1] * (n - len(b)) + list(b), strict=True):
+        if type(x) is not int or type(y) is not int or (x != y and x != 1 and y != 1):
+            return None
+        out.append(y if x == 1 else x)
+    return out
 
 
 class Tile(_Attributes):
