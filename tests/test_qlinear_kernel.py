@@ -99,16 +99,19 @@ def test_binary_refuses_repeats_within_the_output():
                                              torch.zeros(3, 5, 4, dtype=torch.uint8), 1.0, 1.0, 0.0)
 
 
-def _requantized(monkeypatch, module_type, constants: dict, runtime_args, attributes=None):
+def _requantized(monkeypatch, module_type, constants: dict, runtime_args, attributes=None, op="requantize"):
     folded = module_type(constants=constants, **(attributes or {}))
     given = module_type(**(attributes or {}))
     nones = [None] * len(constants)
-    return outputs(monkeypatch, "requantize", [lambda: folded(runtime_args[0], *nones),
-                                               lambda: given(*runtime_args)])
+    return outputs(monkeypatch, op, [lambda: folded(runtime_args[0], *nones), lambda: given(*runtime_args)])
 
 
 CONVS = [({"pads": [1, 1, 1, 1]}, (1, 3, 16, 16), (8, 3, 3, 3)), ({"strides": [2, 1]}, (2, 4, 7, 5), (5, 4, 3, 2)),
-         ({"group": 2, "pads": [0, 1, 2, 0]}, (1, 4, 6, 9), (6, 2, 1, 3)), ({}, (2, 3, 11), (7, 3, 4))]
+         ({"group": 2, "pads": [0, 1, 2, 0]}, (1, 4, 6, 9), (6, 2, 1, 3)), ({}, (2, 3, 11), (7, 3, 4)),
+         ({"strides": [3], "pads": [4, 2], "dilations": [2]}, (1, 2, 13), (3, 2, 3)),
+         ({"strides": [2, 3], "pads": [2, 0, 1, 3], "dilations": [1, 2]}, (1, 3, 9, 40), (4, 3, 3, 3)),
+         ({"pads": [1, 0, 1, 1, 0, 1], "strides": [1, 2, 1]}, (1, 2, 3, 5, 4), (3, 2, 2, 2, 2)),
+         ({"group": 3, "pads": [1, 1, 1, 1]}, (1, 3, 5, 300), (3, 1, 3, 3))]
 
 
 @pytest.mark.parametrize(("attributes", "x_shape", "w_shape"), CONVS)
@@ -124,7 +127,7 @@ def test_qlinear_conv(monkeypatch, attributes, x_shape, w_shape, types, per_chan
                  "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, x_type),
                  "B": torch.randint(-3000, 3000, (w_shape[0],), generator=g, dtype=torch.int32) if bias else None}
     x = ints(g, x_type, x_shape)
-    _requantized(monkeypatch, q.QLinearConv, constants, [x, *constants.values()], attributes)
+    _requantized(monkeypatch, q.QLinearConv, constants, [x, *constants.values()], attributes, "qlinear_conv")
 
 
 @pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 8), (8, 5)), ((2, 5, 17), (17, 40)), ((7,), (7, 3))])

@@ -375,6 +375,8 @@ class QLinearConv(Conv, _Folded):
     def __init__(self, constants: dict[str, Tensor | None] | None = None, **attributes):
         super().__init__(**attributes)
         self.fold(constants, _conv_multiplier)
+        self.register_buffer("w_shifted", None if constants is None else shifted_weight(constants["w"],
+                                                                                       constants["w_zero_point"]))
 
     def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                 y_zero_point=None, B=None):
@@ -383,16 +385,50 @@ class QLinearConv(Conv, _Folded):
                                                       y_zero_point=y_zero_point, B=B))
         multiplier = _conv_multiplier(**v) if multiplier is None else multiplier
         w, B, dtype = v["w"], v["B"], v["y_zero_point"].dtype
+        if (y := self._native(x, v, multiplier, zero)) is not None:
+            return y
         acc = native_conv(self, x, w, v["x_zero_point"], v["w_zero_point"])  # int32
-        if acc is not None:
-            y = native_requantize(acc, multiplier, B, zero, dtype, math.prod(acc.shape[2:]))
-            if y is not None:
-                return y
-        else:
+        if acc is None:
             acc = integer_conv(self, x, w, v["x_zero_point"], v["w_zero_point"]).double()
         if B is not None:  # + the int32 bias as onnxruntime adds it
             acc = acc + _channel(B.to(acc.dtype), acc.dim())
         return requantize(acc, _channel(multiplier, acc.dim()), v["y_zero_point"], dtype)
+
+    def _native(self, x: Tensor, v: dict, multiplier: Tensor, zero: Tensor | int) -> Tensor | None:
+        """The node by the native kernel's qlinear_conv (recurrent/kernel/qlinear.cpp) where it takes it (8-bit,
+        1-3 spatial axes, x's zero point one value, w's one or per output channel, an int32 bias), else None."""
+        w, x_zero_point, w_zero_point, B = v["w"], v["x_zero_point"], v["w_zero_point"], v["B"]
+        dtype = v["y_zero_point"].dtype
+        if not (x.dtype in BYTES and w.dtype in BYTES and dtype in BYTES and 3 <= x.dim() <= 5 and w.dim() == x.dim()
+                and (x_zero_point is None or x_zero_point.numel() == 1) and multiplier.dtype == torch.float32
+                and (w_zero_point is None or w_zero_point.numel() in (1, w.shape[0]))
+                and multiplier.numel() in (1, w.shape[0]) and (B is None or B.dtype == torch.int32) and native(x)):
+            return None
+        strides, dilations, begins, ends = kept_geometry(self, (x.shape, w.shape), lambda: self.geometry(x, w))
+        if min(begins + ends) < 0:
+            return None
+        shifted = buffer_dict(self)["w_shifted"] if self.folded else shifted_weight(w, w_zero_point)
+        x_zero = 0 if x_zero_point is None else int(x_zero_point)
+        return _NATIVE.qlinear_conv.default(x.contiguous(), shifted, multiplier.reshape(-1), B, x_zero, int(zero),
+                                            strides, begins + ends, dilations, self.group, dtype)
+
+
+def kept_geometry(module: Module, key: tuple, make):
+    """``make()`` (a window geometry: Python numbers from sizes), kept per ``key`` between the module's eager calls
+    on the native paths (never while compiling or tracing: those do not run them)."""
+    kept = module.__dict__.setdefault("_geometries", {})
+    value = kept.get(key)
+    if value is None:
+        if len(kept) >= 64:  # many input sizes: start over
+            kept.clear()
+        value = kept[key] = make()
+    return value
+
+
+def shifted_weight(w: Tensor, zero_point: Tensor | None) -> Tensor:
+    """w - zero point (one or per output channel) as int16 [M, ...], contiguous: what the native convolution reads."""
+    value = w.to(torch.int16)
+    return (value if zero_point is None else value - _channel(zero_point.to(torch.int16), w.dim(), 0)).contiguous()
 
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops
@@ -799,13 +835,14 @@ class QLinearAveragePool(AveragePool):
         dtype = x.dtype
         if self.channels_last:
             x = x.movedim(-1, 1)
-        geometry, strides, _, begins, ends = self._geometry(x)
         if dtype in BYTES and 3 <= x.dim() <= 5 and native(x) and _per_tensor_parameters(x_scale, x_zero_point,
                                                                                         y_scale, y_zero_point):
+            strides, begins, out = kept_geometry(self, x.shape, lambda: self._window(x))
             numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
-            y = _NATIVE.qlinear_average_pool.default(x.contiguous(), self.kernel_shape, strides, begins,
-                                             [out for _, _, out in geometry], *numbers, bool(self.count_include_pad))
+            y = _NATIVE.qlinear_average_pool.default(x.contiguous(), self.kernel_shape, strides, begins, out, *numbers,
+                                                     bool(self.count_include_pad))
             return y.movedim(1, -1) if self.channels_last else y
+        geometry, strides, _, begins, ends = self._geometry(x)
         padded = pad(dequantize(x, x_scale, x_zero_point), [0, 0, *begins], [0, 0, *ends])
         total = None
         for offsets in itertools.product(*(range(k) for k in self.kernel_shape)):  # onnxruntime's summation order
@@ -821,6 +858,11 @@ class QLinearAveragePool(AveragePool):
         value = torch.round(total / counts / y_scale.float() + _zero(y_zero_point))
         y = saturate(value, dtype)
         return y.movedim(1, -1) if self.channels_last else y
+
+    def _window(self, x: Tensor) -> tuple[list[int], list[int], list[int]]:
+        """(strides, head pads, output sizes) per spatial axis: what the native pooling takes."""
+        geometry, strides, _, begins, _ = self._geometry(x)
+        return strides, begins, [out for _, _, out in geometry]
 
 
 class QLinearSoftmax(Module):

@@ -321,6 +321,18 @@ def test_qlinear_conv(attributes, x_shape, w_shape, bias, types, per_channel):
     check(model, feeds)
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qlinear_conv_runtime_parameters(per_channel):
+    """Scales, zero points, weights and bias as graph inputs (not folded into the module at conversion)."""
+    channels = (5,) if per_channel else ()
+    feeds = {"x": integers(np.uint8, (2, 3, 7, 9)), "xs": np.array(0.03, np.float32), "xz": integers(np.uint8, ()),
+             "w": integers(np.int8, (5, 3, 3, 2)), "ws": RNG.uniform(0.002, 0.02, channels).astype(np.float32),
+             "wz": np.zeros(channels, np.int8), "ys": np.array(0.2, np.float32), "yz": integers(np.uint8, ()),
+             "B": RNG.integers(-3000, 3000, (5,)).astype(np.int32)}
+    model, feeds = single_node("QLinearConv", list(feeds), feeds, {}, 10, pads=[1, 0, 2, 1], strides=[2, 1])
+    check(model, feeds)
+
+
 @pytest.mark.parametrize("op", ["QLinearMatMul", "QLinearConv"])
 @pytest.mark.parametrize("types", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
 def test_requantization_ties_round_to_even(op, types):
