@@ -230,6 +230,33 @@ def test_two_python_threads_at_once():
             assert_same(got, expected[k])
 
 
+@pytest.mark.skipif(not hasattr(os, "fork") or not Path("/proc/self/task").is_dir(), reason="counts /proc's threads")
+def test_a_small_node_starts_no_worker():
+    """At 2 threads a node of the bundled tagger's size at batch 1 (1-2 * 10^5 multiply-adds a direction) runs on
+    the calling thread alone: waking a worker would cost more than it saves, and on a busy machine a worker the OS
+    does not run held a whole direction (recurrent.cpp, kJobWork). Counted in a forked child, whose kernel has no
+    worker yet; a large node there starts one."""
+    cases = [threaded_case("LSTM", {}, "bidirectional", hidden=32, size=64, steps=16, batch=1),
+             threaded_case("LSTM", {}, "bidirectional")]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reports how many threads each call added, then leaves without pytest's clean-up
+        try:
+            added = []
+            for case in cases:
+                before = len(os.listdir("/proc/self/task"))
+                run_threaded(*case)
+                added.append(len(os.listdir("/proc/self/task")) - before)
+            os.write(write, bytes(added))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        added = list(pipe.read())
+    os.waitpid(pid, 0)
+    assert added == [0, 1]
+
+
 class _Node(torch.utils.data.Dataset):
     """Item k runs the node at k + 1 threads in the worker (the inputs made at the worker's own 1 thread)."""
 

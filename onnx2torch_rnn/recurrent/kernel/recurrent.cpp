@@ -677,8 +677,6 @@ class Job {
   // (slot 0), when it waits for another thread's piece far longer than its own last piece took (the OS took that
   // thread off its core), runs every remaining piece itself: the others claim no more.
   void work(int me) {
-    using Clock = std::chrono::steady_clock;
-    Clock::duration last{};   // the caller's last piece
     Clock::time_point since;  // when the caller began to wait
     for (int64_t waited = 0;;) {
       if (me != 0 && alone_.load(std::memory_order_relaxed)) return;
@@ -687,29 +685,41 @@ class Job {
       if (claim == Claim::None) return;
       if (claim == Claim::Wait) {  // a phase still runs on another thread
         if (me == 0 && waited == 0) since = Clock::now();
-        if (me == 0 && waited % 256 == 255 && Clock::now() - since > 4 * last + std::chrono::microseconds(50))
-          alone_.store(true, std::memory_order_relaxed);
+        if (me == 0 && waited % 256 == 255) stalls(since);
         pause(waited++);
         continue;
       }
       waited = 0;
       const Clock::time_point start = me == 0 ? Clock::now() : Clock::time_point();
       (*piece_)(me, phase, part);
-      if (me == 0) last = Clock::now() - start;
+      if (me == 0) last_ = Clock::now() - start;
       done_.fetch_add(1, std::memory_order_release);
     }
   }
 
-  // After `work`: waits for the pieces other threads are still running.
+  // After `work`: waits for the pieces other threads are still running. A wait here is a stall too (both
+  // directions at once: the other direction is one piece, which a thread the OS took off its core holds).
   void finish() {
-    for (int64_t waited = 0; done_.load(std::memory_order_acquire) < parts_ * phases_;) pause(waited++);
+    const Clock::time_point since = Clock::now();
+    for (int64_t waited = 0; done_.load(std::memory_order_acquire) < parts_ * phases_;) {
+      if (waited % 256 == 255) stalls(since);
+      pause(waited++);
+    }
   }
 
   // Whether the caller stopped sharing because another thread stalled it.
   bool stalled() const { return alone_.load(std::memory_order_relaxed); }
 
  private:
+  using Clock = std::chrono::steady_clock;
   enum class Claim { Piece, Wait, None };  // a piece claimed; none yet (its phase waits for the last); none left
+
+  // The caller, waiting since `since` far longer than its own last piece took (the OS took a thread that holds a
+  // piece off its core), stops sharing: the others claim no more.
+  void stalls(Clock::time_point since) {
+    if (Clock::now() - since > 4 * last_ + std::chrono::microseconds(50))
+      alone_.store(true, std::memory_order_relaxed);
+  }
 
   // Claims the next piece: slot `me`'s own first, then the others'.
   Claim next(int me, int64_t& phase, int64_t& part) {
@@ -748,6 +758,7 @@ class Job {
   std::vector<Slot> slot_;
   alignas(64) std::atomic<int64_t> done_{0};  // pieces finished
   std::atomic<bool> alone_{false};
+  Clock::duration last_{};  // the caller's last piece
 };
 
 // Worker threads for Jobs: slot k + 1 of a job is worker k's. A worker spins for a while after each job, so that
@@ -1048,14 +1059,20 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Node& node, const 
     r.y_rows.assign(batch, nullptr);
   }
   // Threads: both directions at once, or else one direction's hidden blocks, in the input projection and per step,
-  // when that work is worth sharing (a tagger of hidden 32 at batch 1, 16 steps: not). Both directions at once only
-  // while one direction's recurrent weights fit half a core's L2: past that (hidden 512 LSTM: 4 MiB) each core
-  // streams its direction's weights from memory every step, and splitting every direction's blocks (each core then
-  // re-reads the half it keeps in cache) ran 1.7x faster.
+  // when that work is worth sharing. Both directions at once only while one direction's recurrent weights fit half
+  // a core's L2: past that (hidden 512 LSTM: 4 MiB) each core streams its direction's weights from memory every
+  // step, and splitting every direction's blocks (each core then re-reads the half it keeps in cache) ran 1.7x
+  // faster. A job (see `share`) only for kJobWork multiply-adds or more (some 30 us of one thread's work): waking
+  // a worker that sleeps takes tens of microseconds, and a worker the OS does not run holds a whole direction. The
+  // bundled tagger at batch 1, 16 steps (1-2 * 10^5 a direction, a projection 1.3 * 10^5) shared both and ran
+  // 1.2-2.5x slower at 2 threads than at 1, idle or busy.
   const int64_t longest = any_lens ? *std::max_element(node.lens.begin(), node.lens.end()) : steps;
-  auto worth_splitting = [&](int64_t work) { return threads > 1 && blocks > 1 && work >= (1 << 17); };
+  constexpr int64_t kJobWork = int64_t{1} << 20;
+  auto worth_splitting = [&](int64_t step, int64_t job) {  // a phase's work, the job's
+    return threads > 1 && blocks > 1 && step >= (1 << 17) && job >= kJobWork;
+  };
   const bool directions_at_once = D == 2 && threads > 1 && gh * hidden * int64_t{sizeof(T)} <= l2_bytes() / 2 &&
-                                  rows * gh * (input + hidden) >= (1 << 17);
+                                  rows * gh * (input + hidden) >= kJobWork;
   if (directions_at_once) {
     const Job::Piece piece = [&](int, int64_t, int64_t d) {
       runs[d].project(xp, rows, input, 0, blocks);
@@ -1064,8 +1081,8 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Node& node, const 
     share(2, 1, 2, piece);
   } else {
     for (Direction<T>& r : runs) {
-      const bool split_projection = worth_splitting(rows * gh * input);
-      const bool split_steps = worth_splitting(batch * gh * hidden);
+      const bool split_projection = worth_splitting(rows * gh * input, rows * gh * input);
+      const bool split_steps = worth_splitting(batch * gh * hidden, longest * batch * gh * hidden);
       if (!split_projection) r.project(xp, rows, input, 0, blocks);
       if (split_projection || split_steps) {  // phase 0: the projection, then each step's passes
         const int team = static_cast<int>(std::min<int64_t>(threads, blocks)), first = split_projection;
