@@ -28,6 +28,7 @@ from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
 from .common import Module, attributes_repr
 from .nn import AveragePool, Conv, _window_counts, pad
+from .shape import broadcast_sizes
 
 _NATIVE = torch.ops.onnx2torch_rnn  # the native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp, qlinear.cpp)
 BYTES = (torch.uint8, torch.int8)
@@ -637,13 +638,10 @@ def broadcast_map(shape: torch.Size, full: torch.Size) -> list[int] | None:
 
 def broadcast_shape(a: torch.Size, b: torch.Size) -> torch.Size:
     """numpy's broadcast of two shapes (torch.broadcast_shapes, which costs a small node's time in eager calls)."""
-    if a == b or torch.compiler.is_compiling():
-        return a if a == b else torch.broadcast_shapes(a, b)
-    rank = max(len(a), len(b))
-    a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
-    if any(p != q and p != 1 and q != 1 for p, q in zip(a, b, strict=True)):
-        raise ValueError(f"shapes {list(a)} and {list(b)} do not broadcast")
-    return torch.Size(q if p == 1 else p for p, q in zip(a, b, strict=True))
+    if a == b:
+        return a
+    size = None if torch.compiler.is_compiling() else broadcast_sizes(a, b)
+    return torch.broadcast_shapes(a, b) if size is None else torch.Size(size)
 
 
 def _native_binary(x: Tensor, y: Tensor, shape: torch.Size) -> bool:

@@ -356,13 +356,13 @@ class Expand(_Attributes):
         target = ints(self.shape, shape)
         # eager, plain sizes: torch.broadcast_shapes costs ~10 us of Python
         if not torch.compiler.is_compiling() and isinstance(data, torch.Tensor) and isinstance(target, list | tuple):
-            size = _broadcast(data.shape, target)
+            size = broadcast_sizes(data.shape, target)
             if size is not None:
                 return data.expand(size)
         return data.expand(torch.broadcast_shapes(data.shape, target))
 
 
-def _broadcast(a: Sequence, b: Sequence) -> list[int] | None:
+def broadcast_sizes(a: Sequence, b: Sequence) -> list[int] | None:
     """The broadcast of two shapes of plain ints; None where one is not (symbolic) or they do not broadcast (then
     torch.broadcast_shapes says why)."""
     n = max(len(a), len(b))
