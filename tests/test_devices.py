@@ -1,6 +1,6 @@
 """Recognised (fused) models on a CUDA GPU: the same numbers as onnxruntime on CPU, gradients on the GPU, and
-torch.compile there. The GPU tests are skipped without one; the native kernel is CPU-only, so they run the Python
-path (cuDNN's kernels on the fast path). Each case also runs on CPU, which checks the case itself."""
+torch.compile there; int8 models too. The GPU tests are skipped without one; the native kernel is CPU-only, so they
+run the Python path (cuDNN's kernels on the fast path). Each case also runs on CPU, which checks the case itself."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import onnx2torch_rnn
+from onnx2torch_rnn.checking import random_inputs, run_onnxruntime
 from tests.helpers import recurrent_modules
 from tests.recurrent_models import convert, inputs
 
@@ -56,11 +57,12 @@ CASES = {
 
 @pytest.fixture
 def cudnn_ieee():
-    """cuDNN RNNs and matmuls may use TF32 on Ampere and newer: compare in full float32 precision."""
-    previous = torch.backends.cudnn.rnn.fp32_precision, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.rnn.fp32_precision, torch.backends.cuda.matmul.allow_tf32 = "ieee", False
+    """cuDNN RNNs, convolutions and matmuls may use TF32 on Ampere and newer: compare in full float32 precision."""
+    cudnn = torch.backends.cudnn
+    previous = cudnn.rnn.fp32_precision, cudnn.conv.fp32_precision, torch.backends.cuda.matmul.allow_tf32
+    cudnn.rnn.fp32_precision, cudnn.conv.fp32_precision, torch.backends.cuda.matmul.allow_tf32 = "ieee", "ieee", False
     yield
-    torch.backends.cudnn.rnn.fp32_precision, torch.backends.cuda.matmul.allow_tf32 = previous
+    cudnn.rnn.fp32_precision, cudnn.conv.fp32_precision, torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def _expected(path: str, feeds: dict) -> list[np.ndarray]:
@@ -97,6 +99,30 @@ def test_fused_model_trains(path, device, cudnn_ieee):
     grads = [p.grad for p in module.parameters()]
     assert grads and all(g is not None and g.device.type == device for g in grads)
     assert any(bool(g.abs().sum() > 0) for g in grads)
+
+
+# int8 models (tests/models/quantized), each kind of int8 op among them: on CUDA the Python path (the native int8
+# kernel is CPU-only); its integer products are exact there too, with shapes torch's CUDA int8 GEMM refuses (a batch
+# of 3, a recurrence's state) among them. Float ops between quantizers run in cuDNN's and cuBLAS's order of sums,
+# so a quantizer fed a value within float32 rounding of a rounding boundary may land one step away: ONE_STEP is
+# above every output step of these models (0.005 at most).
+INT8_CASES = ["ts_crnn_op18_dyn_pt_s8.onnx", "ts_crnn_op18_qop_u8s8.onnx", "ts_crnn_op18_qdq_u8s8_pc.onnx",
+              "ts_tagger_op17_dyn_pc_u8_rr.onnx", "ts_tagger_op17_qdq_u8s8.onnx", "ts_seq2seq_op16_qop_u8s8.onnx",
+              "tf_keras_bi_lstm_concat_qop_u8s8.onnx", "ts_audio_gru_op19_qdq_u16s8.onnx",
+              "small_cnn_qop_s8s8_pc.onnx", "shipped_like/voice_filter_dyn.onnx"]
+ONE_STEP = 1e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", INT8_CASES)
+def test_int8_model_matches_onnxruntime(name, device, cudnn_ieee):
+    path = MODELS / "quantized" / name
+    feeds = random_inputs(path, seed=0)
+    module = onnx2torch_rnn.convert(path).to(device)
+    with torch.no_grad():
+        outputs = _on(device, module(*(torch.from_numpy(v).to(device) for v in feeds.values())))
+    for got, want in zip(outputs, run_onnxruntime(path, feeds), strict=True):
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=0, atol=1e-6 if device == "cpu" else ONE_STEP)
 
 
 # GPU images may carry an older torch than pyproject allows (an H200 image had 2.11, whose Dynamo traces neither a

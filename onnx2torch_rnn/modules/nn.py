@@ -296,7 +296,8 @@ class MaxPool(_Pool):
         dtype = x.dtype
         # what onnxruntime reads outside the input: the lowest value, not -inf
         lowest = torch.finfo(dtype).min if dtype.is_floating_point else torch.iinfo(dtype).min
-        if n == 2 and dtype in (torch.uint8, torch.int8) and not self.indices:  # torch's 2-D max pooling takes them
+        if n == 2 and dtype in (torch.uint8, torch.int8) and x.device.type == "cpu" and not self.indices:
+            # torch's 2-D max pooling takes them on CPU (not on CUDA)
             return F.max_pool2d(pad(x, [0, 0, *begins], [0, 0, *ends], value=lowest), self.kernel_shape, strides, 0,
                                 dilations)
         if not dtype.is_floating_point:  # else torch max pooling is float-only; int8/uint8 are exact in float32

@@ -1,6 +1,6 @@
 """Quantized arithmetic as onnxruntime's CPU kernels compute it.
 
-Integer products are exact: matrix products of 8-bit operands run on torch's int8 GEMM (``torch._int_mm``) with
+Integer products are exact: matrix products of 8-bit operands run on torch's int8 GEMM (``int8_mm``) with
 int32 accumulators, the zero points applied as row and column sums (``integer_matmul``); like onnxruntime's int32
 accumulator they would only wrap past 2^31 (inner dimensions above 33,000 at full uint8 range). Convolutions run in
 float32 where every partial sum stays an integer below 2^24 (at most 258 taps), else in float64. Float steps follow
@@ -224,6 +224,16 @@ def _offset(offset: int, zero_point: Tensor | None) -> Tensor | int:
     return offset if zero_point is None else offset - zero_point.to(torch.int32)
 
 
+def int8_mm(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for int8 matrices, exact in int32. torch's int8 GEMM on CPU; on CUDA it takes only more than 16 rows
+    and sizes that are multiples of 8: other shapes (a recurrence's state, a batch of one) as float64 products,
+    exact (|a @ b| < 2^14 * K, far below 2^53)."""
+    (m, k), n = a.shape, b.shape[1]
+    if a.device.type == "cpu" or (m > 16 and k % 8 == 0 and n % 8 == 0):
+        return torch._int_mm(a, b)
+    return torch.mm(a.double(), b.double()).to(torch.int32)
+
+
 def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_point: Tensor | None) -> Tensor:
     """(a - a_zero_point) @ (b - b_zero_point) as int32, exact (a's zero point scalar or per row, b's scalar or per
     column; int8/uint8 operands), as onnxruntime's int32 accumulator (which wraps past 2^31 as int32 does here).
@@ -238,7 +248,7 @@ def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_poi
         return _NATIVE.matmul_integer(a, b, a_zero_point, b_zero_point)
     (a8, ca), (b8, cb) = as_int8(a), as_int8(b)
     da, db = _offset(ca, _row_zero_point(a_zero_point)), _offset(cb, b_zero_point)
-    acc = torch._int_mm(a8.reshape(-1, a8.shape[-1]), b8).reshape(*a8.shape[:-1], b8.shape[-1])
+    acc = int8_mm(a8.reshape(-1, a8.shape[-1]), b8).reshape(*a8.shape[:-1], b8.shape[-1])
     if not isinstance(da, int) or da:
         acc = acc + da * b8.sum(0, dtype=torch.int32)
     if not isinstance(db, int) or db:
@@ -1124,7 +1134,7 @@ class _Int8Weights:
     def product(self, a8: Tensor, a_offset: Tensor, multiplier: Tensor) -> Tensor:
         """float32((a8 + a_offset) @ (w8 + offset), exact) * multiplier for a8 [D, M, K] int8, a_offset [D, 1, 1] (or
         a scalar) int32."""
-        acc = torch.stack([torch._int_mm(a, m) for a, m in zip(a8.unbind(0), self.matrices, strict=True)])
+        acc = torch.stack([int8_mm(a, m) for a, m in zip(a8.unbind(0), self.matrices, strict=True)])
         acc = acc + a_offset * self.column_sums
         if self.offset is not None:
             rows = a8.sum(-1, keepdim=True, dtype=torch.int32) + a8.shape[-1] * a_offset
