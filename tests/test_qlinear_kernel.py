@@ -6,6 +6,7 @@ runs them once more with ONNX2TORCH_RNN_NATIVE=0 for the Python path."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -130,10 +131,14 @@ def test_qlinear_conv(monkeypatch, attributes, x_shape, w_shape, types, per_chan
     _requantized(monkeypatch, q.QLinearConv, constants, [x, *constants.values()], attributes, "qlinear_conv")
 
 
-@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 8), (8, 5)), ((2, 5, 17), (17, 40)), ((7,), (7, 3))])
-@pytest.mark.parametrize("types", [(torch.uint8, torch.int8), (torch.int8, torch.int8), (torch.uint8, torch.uint8)])
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((3, 8), (8, 5)), ((2, 5, 17), (17, 40)), ((7,), (7, 3)),
+                                                  ((9, 70), (70, 65)), ((2, 3, 1), (1, 33))])
+@pytest.mark.parametrize("types", [(torch.uint8, torch.int8), (torch.int8, torch.int8), (torch.uint8, torch.uint8),
+                                   (torch.int8, torch.uint8)])
 @pytest.mark.parametrize("per_column", [False, True])
 def test_qlinear_matmul(monkeypatch, a_shape, b_shape, types, per_column):
+    """The folded product in one call (qlinear_matmul: few columns stored by column, more as panels, rows past a
+    register tile), the given one as the integer product then requantize."""
     g = torch.Generator().manual_seed(len(a_shape) + per_column)
     a_type, b_type = types
     columns = (b_shape[1],) if per_column else ()
@@ -141,13 +146,14 @@ def test_qlinear_matmul(monkeypatch, a_shape, b_shape, types, per_column):
                  "b_scale": scales(g, columns, 0.001, 0.02), "b_zero_point": zero_point(g, b_type, columns),
                  "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, a_type)}
     a = ints(g, a_type, a_shape)
-    _requantized(monkeypatch, q.QLinearMatMul, constants, [a, *constants.values()])
+    _requantized(monkeypatch, q.QLinearMatMul, constants, [a, *constants.values()], op="qlinear_matmul")
 
 
 @pytest.mark.parametrize(("attributes", "a_shape", "b_shape", "c_shape"), [
     ({}, (3, 8), (8, 5), (5,)), ({"alpha": 0.5}, (3, 8), (8, 5), None), ({"transA": 1}, (8, 3), (8, 5), (3, 5)),
     ({"transB": 1}, (3, 8), (5, 8), (1, 5)), ({"transA": 1, "transB": 1, "alpha": 2.0}, (8, 3), (5, 8), ()),
-    ({}, (4, 30), (30, 6), (4, 1)), ({"transB": 1}, (1, 16), (5, 16), (5,))])
+    ({}, (4, 30), (30, 6), (4, 1)), ({"transB": 1}, (1, 16), (5, 16), (5,)), ({"transB": 1}, (6, 20), (40, 20), (40,)),
+    ({"alpha": 0.25}, (5, 9), (9, 3), (1,))])
 @pytest.mark.parametrize("per_column", [False, True])
 def test_qgemm(monkeypatch, attributes, a_shape, b_shape, c_shape, per_column):
     g = torch.Generator().manual_seed(len(a_shape) + per_column)
@@ -158,7 +164,27 @@ def test_qgemm(monkeypatch, attributes, a_shape, b_shape, c_shape, per_column):
                  "c": None if c_shape is None else torch.randint(-3000, 3000, c_shape, generator=g, dtype=torch.int32),
                  "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, torch.uint8)}
     a = ints(g, torch.uint8, a_shape)
-    _requantized(monkeypatch, q.QGemm, constants, [a, *constants.values()], attributes)
+    # the folded product in one call (qlinear_matmul) where C is a bias per column, and op(A) is A
+    fused = not attributes.get("transA") and (c_shape is None or math.prod(c_shape) in (1, c_shape[-1]))
+    _requantized(monkeypatch, q.QGemm, constants, [a, *constants.values()], attributes,
+                 "qlinear_matmul" if fused else "requantize")
+
+
+def test_qlinear_matmul_repacks_changed_weights(monkeypatch):
+    """The packed b is kept between calls and made again when b changes (load_state_dict, in place)."""
+    g = torch.Generator().manual_seed(5)
+    constants = {"a_scale": scales(g), "a_zero_point": zero_point(g, torch.uint8), "b": ints(g, torch.int8, (6, 4)),
+                 "b_scale": scales(g), "b_zero_point": zero_point(g, torch.int8), "y_scale": scales(g, (), 0.05, 0.3),
+                 "y_zero_point": zero_point(g, torch.uint8)}
+    module, a, original = q.QLinearMatMul(constants=constants), ints(g, torch.uint8, (3, 6)), constants["b"].clone()
+    first = outputs(monkeypatch, "qlinear_matmul", [lambda: module(a, *[None] * 7)])[0]
+    state = module.state_dict()
+    state["b"] = ints(g, torch.int8, (6, 4))
+    module.load_state_dict(state)
+    second = outputs(monkeypatch, "qlinear_matmul", [lambda: module(a, *[None] * 7)])[0]
+    module.b.copy_(original)
+    third = outputs(monkeypatch, "qlinear_matmul", [lambda: module(a, *[None] * 7)])[0]
+    assert not torch.equal(first, second) and torch.equal(first, third)
 
 
 def _pool_parameters(g, dtype):

@@ -338,6 +338,50 @@ class _Folded(Module):
         zero_point = None if constants is None else constants["y_zero_point"]
         self.y_zero = None if zero_point is None else int(zero_point)
 
+    def fold_product(self, b: str, bias: str | None) -> None:
+        """Whether the native kernel's qlinear_matmul can compute the folded product: b [K, N] 8-bit, a's zero point
+        one value, b's one or per column, the multiplier and the int32 bias (buffer ``bias``) one or per column, an
+        8-bit output (``self.fused``: N, else None)."""
+        buffers, self.fused = buffer_dict(self), None
+        w, a_zero, b_zero, y_zero = (buffers.get(n) for n in (b, "a_zero_point", "b_zero_point", "y_zero_point"))
+        c = buffers.get(bias) if bias else None
+        if not self.folded or w is None or w.dim() != 2 or w.dtype not in BYTES or y_zero is None:
+            return
+        n, multiplier = w.shape[1], buffers["multiplier"]
+
+        def per_column(t: Tensor) -> bool:
+            return t.numel() == 1 or (t.numel() == n and t.shape[-1] == n)
+
+        if (y_zero.dtype in BYTES and y_zero.numel() == 1 and (a_zero is None or a_zero.numel() == 1)
+                and (b_zero is None or b_zero.numel() == 1 or (b_zero.dim() == 1 and len(b_zero) == n))
+                and multiplier.dtype == torch.float32 and per_column(multiplier)
+                and (c is None or (c.dtype == torch.int32 and per_column(c)))):
+            self.fused = n
+            self.product_names = (b, "a_zero_point", "b_zero_point", "multiplier", bias)
+
+    def fused_product(self, a: Tensor) -> Tensor | None:
+        """The folded product by the native kernel's qlinear_matmul (one call: the int8 product and the
+        requantization) where it takes ``a`` (8-bit [..., K], CPU inference), else None."""
+        b = buffer_dict(self)[self.product_names[0]]
+        if not (a.dtype in BYTES and a.dim() >= 1 and a.shape[-1] == b.shape[0] and native(a)):
+            return None
+        operands = kept_operands(self, self.product_names, self._product_operands)
+        return _NATIVE.qlinear_matmul.default(a if a.is_contiguous() else a.contiguous(), *operands)
+
+    def _product_operands(self, b, a_zero_point, b_zero_point, multiplier, bias) -> tuple:
+        """qlinear_matmul's operands after a: b packed, its offsets (128 for uint8 b, minus its zero point), the
+        multiplier, the int32 bias per column (None), [a_zero, y_zero, int8 output]."""
+        panels, sums = _NATIVE.int8_matrix_pack(b.contiguous())
+        n = b.shape[1]
+        offsets = torch.full((n,), 128 if b.dtype == torch.uint8 else 0, dtype=torch.int32)
+        if b_zero_point is not None:
+            offsets = (offsets - b_zero_point.to(torch.int32).reshape(-1)).contiguous()
+        bias = None if bias is None else bias.reshape(-1).expand(n).contiguous()
+        signed = int(buffer_dict(self)["y_zero_point"].dtype == torch.int8)
+        a_zero = 0 if a_zero_point is None else int(a_zero_point)
+        numbers = torch.tensor([a_zero, self.y_zero, signed], dtype=torch.int32)
+        return panels, sums, offsets, multiplier.reshape(-1).contiguous(), bias, numbers
+
     def folded_values(self, given: dict) -> tuple[dict, Tensor | None, int | Tensor | None]:
         """(inputs by name, multiplier, output zero point) from the buffers when folded, else as given."""
         if not self.folded:
@@ -358,9 +402,12 @@ class QLinearMatMul(_Folded):
     def __init__(self, constants: dict[str, Tensor | None] | None = None):
         super().__init__()
         self.fold(constants, _matmul_multiplier)
+        self.fold_product("b", None)
 
     def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, y_scale=None,
                 y_zero_point=None):
+        if self.fused and (y := self.fused_product(a)) is not None:
+            return y
         v, multiplier, zero = self.folded_values(dict(a_scale=a_scale, a_zero_point=a_zero_point, b=b,
                                                       b_scale=b_scale, b_zero_point=b_zero_point, y_scale=y_scale,
                                                       y_zero_point=y_zero_point))
@@ -563,20 +610,26 @@ class DynamicQuantizedProduct(Module):
         return _NATIVE.dynamic_quantized_conv.default(x, *operands, *geometry[1:], self.group)
 
     def _operands(self) -> tuple[Tensor, tuple]:
-        """(weight, the native op's weight operands), prepared once per version of the buffers (load_state_dict
-        and .to() change them) and kept: packing costs more than a small product."""
-        buffers = buffer_dict(self)
-        w, z, s, b = buffers["weight"], buffers["weight_zero_point"], buffers["weight_scale"], buffers["bias"]
-        try:
-            versions = (w._version, s._version, -1 if z is None else z._version, -1 if b is None else b._version)
-        except RuntimeError:  # inference tensors have no version counter: prepared at every call
-            return w, _prepare(self.native_form, self.group, w, z, s, b)
-        kept = self.__dict__.get("_kept")
-        if (kept is None or kept[0] != versions or kept[1] is not w or kept[2] is not z or kept[3] is not s
-                or kept[4] is not b):
-            prepared = _prepare(self.native_form, self.group, w, z, s, b)
-            kept = self.__dict__["_kept"] = (versions, w, z, s, b, prepared)
-        return w, kept[5]
+        """(weight, the native op's weight operands), prepared once per version of the buffers: packing costs more
+        than a small product."""
+        return kept_operands(self, ("weight", "weight_zero_point", "weight_scale", "bias"),
+                             lambda w, z, s, b: (w, _prepare(self.native_form, self.group, w, z, s, b)))
+
+
+def kept_operands(module: Module, names: tuple[str | None, ...], prepare):
+    """``prepare(*buffers)`` of the module's buffers ``names`` (None for a name None), kept in the module between
+    eager calls while each is the same tensor at the same version (load_state_dict and .to() change them). Inference
+    tensors have no version counter: prepared at every call."""
+    buffers = buffer_dict(module)
+    values = tuple(None if name is None else buffers[name] for name in names)
+    try:
+        versions = tuple(-1 if t is None else t._version for t in values)
+    except RuntimeError:
+        return prepare(*values)
+    kept = module.__dict__.get("_kept_operands")
+    if kept is None or kept[0] != versions or any(a is not b for a, b in zip(kept[1], values, strict=True)):
+        kept = module.__dict__["_kept_operands"] = (versions, values, prepare(*values))
+    return kept[2]
 
 
 def _per_channel(t: Tensor | None, channels: int, rank: int, axis: int) -> bool:
@@ -997,9 +1050,13 @@ class QGemm(_Folded):
         if constants is not None and transB:  # op(B) once (the native product keeps its packing per tensor)
             constants = {**constants, "b": constants["b"].t().contiguous()}
         self.fold(constants, functools.partial(_gemm_multiplier, alpha))
+        self.fold_product("b", "c")
+        self.fused = None if transA else self.fused
 
     def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c=None,
                 y_scale=None, y_zero_point=None):
+        if self.fused and (y := self.fused_product(a)) is not None:
+            return y
         v, multiplier, zero = self.folded_values(dict(a_scale=a_scale, a_zero_point=a_zero_point, b=b,
                                                       b_scale=b_scale, b_zero_point=b_zero_point, c=c,
                                                       y_scale=y_scale, y_zero_point=y_zero_point))

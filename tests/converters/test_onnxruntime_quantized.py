@@ -11,6 +11,8 @@ import torch
 
 import onnx2torch_rnn
 from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
+from onnx2torch_rnn.modules import quantized
+from onnx2torch_rnn.recurrent import kernel
 from tests import helpers
 from tests.helpers import check, helper, make_model, single_node, tensor_type
 
@@ -511,3 +513,43 @@ def test_qoperator_cnn_export_matches_onnxruntime(name):
     program = torch.export.export(onnx2torch_rnn.convert(path), args, strict=False)
     (want,) = run_onnxruntime(path, feeds)
     np.testing.assert_allclose(program.module()(*args).numpy(), want, rtol=0, atol=0, strict=True)
+
+
+class _Spy:
+    """torch.ops.onnx2torch_rnn, recording which ops the modules call."""
+
+    def __init__(self):
+        self.called = set()
+
+    def __getattr__(self, name):
+        self.called.add(name)
+        return getattr(torch.ops.onnx2torch_rnn, name)
+
+
+@pytest.mark.parametrize("op", ["QLinearMatMul", "QGemm"])
+@pytest.mark.parametrize(("a_type", "b_type"), [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)])
+@pytest.mark.parametrize(("m", "k", "n"), [(3, 8, 5), (1, 17, 40), (9, 70, 65)])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_product_in_one_native_call(monkeypatch, op, a_type, b_type, m, k, n, per_column):
+    """QLinearMatMul and QGemm by constant weights as one call of the native qlinear_matmul (few columns stored by
+    column, more as panels), equal to onnxruntime."""
+    if not kernel.load("int8"):
+        pytest.skip("no native kernel")
+    columns = (n,) if per_column else ()
+    info = np.iinfo(b_type)
+    values = {"as": scalar(RNG.uniform(0.01, 0.05)), "az": integers(a_type, (), -20, 20) if a_type == np.int8 else
+              integers(a_type, (), 100, 150), "b": integers(b_type, (k, n)),
+              "bs": RNG.uniform(0.002, 0.02, columns).astype(np.float32),
+              "bz": np.zeros(columns, b_type) if op == "QGemm" and b_type == np.int8 else
+              integers(b_type, columns, info.min // 4, info.max // 4),
+              "c": RNG.integers(-3000, 3000, (n,)).astype(np.int32), "ys": scalar(RNG.uniform(0.1, 0.4)),
+              "yz": integers(a_type, (), -10, 10) if a_type == np.int8 else integers(a_type, (), 100, 150)}
+    names = ["a", "as", "az", "b", "bs", "bz", "ys", "yz"] if op == "QLinearMatMul" else \
+        ["a", "as", "az", "b", "bs", "bz", "c", "ys", "yz"]
+    model, feeds = single_node(op, names, {"a": integers(a_type, (m, k))}, {name: values[name] for name in names[1:]},
+                               17 if op == "QGemm" else 10, outputs=[("y", tensor_type(a_type), (m, n))],
+                               domain=MS if op == "QGemm" else "")
+    spy = _Spy()
+    monkeypatch.setattr(quantized, "_NATIVE", spy)
+    check(model, feeds, rtol=0, atol=0)
+    assert "qlinear_matmul" in spy.called

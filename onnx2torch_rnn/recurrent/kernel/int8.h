@@ -302,6 +302,13 @@ struct Quantized : Parameters {
 
 inline int64_t panel_blocks(int64_t N) { return (N + G * L - 1) / (G * L); }
 
+// Whether int8_matrix_pack stores a matrix of N columns column by column (few columns: panels of G·L would be mostly
+// zeros), and the values its packing of [K, N] holds either way.
+inline bool by_column(int64_t N) { return N < 32; }
+inline int64_t packed_size(int64_t K, int64_t N) {
+  return by_column(N) ? N * K : panel_blocks(N) * G * L * ((K + 3) / 4) * 4;
+}
+
 // Σ_k a[k] · b[k] for uint8 a and int8 b, exact.
 inline int32_t dot_row(const uint8_t* a, const int8_t* b, int64_t K) {
 #if defined(ONNX2TORCH_RNN_VNNI) && defined(__AVX512BW__)

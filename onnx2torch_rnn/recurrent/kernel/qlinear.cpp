@@ -19,6 +19,12 @@
 //       QLinearConv: the exact convolution of x - x_zero (8-bit, [N, C, 1-3 spatial], padding 0 after the shift) by
 //       w - w_zero_point (int16, computed once by Python), plus the int32 bias, requantized as `requantize` per
 //       output channel. im2col by whole output rows, then each channel's sums over the taps (vectorised)
+//   qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
+//                  Tensor numbers) -> Tensor
+//       QLinearMatMul / QGemm by constant b in one call: the exact int32 product (a - a_zero) @ (b - b's zero point)
+//       of 8-bit a [..., K] by b packed once by int8_matrix_pack (offsets [N] int32: 128 for uint8 b, minus b's zero
+//       point per column), requantized as `requantize` with the int32 bias [N] and the multiplier [1] or [N];
+//       numbers: int32 [a_zero, y_zero, 1 for an int8 output (else uint8)]
 //   qlinear_average_pool(Tensor x, int[] kernel, int[] strides, int[] begins, int[] out, float x_scale, int x_zero,
 //                        float y_scale, int y_zero, bool count_include_pad) -> Tensor
 //       x [N, C, 1-3 spatial]: each window's dequantized taps summed in row-major order in float32 (taps in the
@@ -44,11 +50,7 @@
 #include <optional>
 #include <vector>
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "int8.h"  // last: from there on, no float operation is contracted
 
 namespace onnx2torch_rnn {
 namespace {
@@ -487,6 +489,56 @@ at::Tensor qlinear_conv_cpu(const at::Tensor& x, const at::Tensor& w, const at::
   return out;
 }
 
+at::Tensor qlinear_matmul_cpu(const at::Tensor& a, const at::Tensor& panels, const at::Tensor& column_sums,
+                              const at::Tensor& offsets, const at::Tensor& multiplier,
+                              const std::optional<at::Tensor>& bias, const at::Tensor& numbers) {
+  // dtypes, shapes and contiguity as the caller (modules/quantized.py: QLinearMatMul, QGemm) checked them
+  const int64_t K = a.size(-1), N = offsets.numel(), m_count = multiplier.numel();
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < a.dim(); ++d) M *= a.size(d);
+  TORCH_CHECK_VALUE(panels.numel() == int8::packed_size(K, N) && numbers.numel() == 3 &&
+                        column_sums.numel() == (int8::by_column(N) ? N : int8::panel_blocks(N) * int8::G * int8::L),
+                    "qlinear_matmul: panels not packed by int8_matrix_pack for this a");
+  const int32_t* z = numbers.data_ptr<int32_t>();
+  const uint8_t flip = signed_bytes(a) ? 0x80 : 0;  // int8 a as uint8: a + 128, its zero point with it
+  const int32_t a_zero = z[0] + (flip ? 128 : 0);
+  const float zero = static_cast<float>(z[1]);
+  // a's rows as uint8, padded to whole groups of four, and their sums
+  int8::Quantized rows(M, K);
+  const uint8_t* src = static_cast<const uint8_t*>(a.data_ptr());
+  for (int64_t i = 0; i < M; ++i) {
+    uint8_t* dst = rows.q.data() + i * rows.lda;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += dst[k] = src[i * K + k] ^ flip;
+    rows.sums[i] = sum;
+  }
+  std::vector<int32_t> offset(int8::panel_blocks(N) * int8::G * int8::L, 0);  // padded to whole blocks
+  std::copy(offsets.data_ptr<int32_t>(), offsets.data_ptr<int32_t>() + N, offset.begin());
+  const float* m = multiplier.data_ptr<float>();
+  const int32_t* b = bias ? bias->data_ptr<int32_t>() : nullptr;
+  std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end());
+  shape.back() = N;
+  const at::ScalarType dtype = z[2] ? at::kChar : at::kByte;
+  at::Tensor out = output(shape, dtype);
+  with_type(dtype, [&](auto type) {
+    using T = decltype(type);
+    T* y = static_cast<T*>(out.data_ptr());
+    int8::products(rows, M, K, int8::by_column(N), static_cast<const int8_t*>(panels.data_ptr()),
+                   column_sums.data_ptr<int32_t>(), N, offset.data(), [a_zero](int64_t) { return a_zero; },
+                   [&](int64_t i, int64_t j0, int8::I exact, int count) {
+                     for (int l = 0; l < count; ++l) {
+                       const int64_t j = j0 + l;
+                       const uint32_t add = b ? static_cast<uint32_t>(b[j]) : 0u;  // wraps as an int32 sum does
+                       const float value =
+                           static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(exact[l]) + add)) *
+                           m[m_count == 1 ? 0 : j];
+                       y[i * N + j] = saturate<T>(std::nearbyint(value) + zero);
+                     }
+                   });
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
@@ -497,6 +549,8 @@ TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("qlinear_lookup(Tensor x, Tensor table) -> Tensor");
   m.def("qlinear_conv(Tensor x, Tensor w, Tensor multiplier, Tensor? bias, int x_zero, int y_zero, int[] strides, "
         "int[] pads, int[] dilations, int group, ScalarType dtype) -> Tensor");
+  m.def("qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, "
+        "Tensor? bias, Tensor numbers) -> Tensor");
   m.def("qlinear_average_pool(Tensor x, int[] kernel, int[] strides, int[] begins, int[] out, float x_scale, "
         "int x_zero, float y_scale, int y_zero, bool count_include_pad) -> Tensor");
   m.def("qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero, "
@@ -510,6 +564,7 @@ TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("qlinear_mul", &qlinear_mul_cpu);
   m.impl("qlinear_lookup", &qlinear_lookup_cpu);
   m.impl("qlinear_conv", &qlinear_conv_cpu);
+  m.impl("qlinear_matmul", &qlinear_matmul_cpu);
   m.impl("qlinear_average_pool", &qlinear_average_pool_cpu);
   m.impl("qlinear_global_average_pool", &qlinear_global_average_pool_cpu);
   m.impl("qlinear_softmax", &qlinear_softmax_cpu);

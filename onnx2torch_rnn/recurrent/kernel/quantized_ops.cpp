@@ -95,8 +95,6 @@ Panels column_pack(const at::Tensor& b) {
   return p;
 }
 
-bool by_column(int64_t N) { return N < 32; }
-
 PanelCache::Entry cached_panels(const at::Tensor& b) {
   const bool columns = by_column(b.size(1));
   return panel_cache().get(b, /*kind=*/columns ? 2 : 0, [&] {
@@ -185,7 +183,7 @@ at::Tensor dynamic_quantized_matmul_cpu(const at::Tensor& x, const at::Tensor& p
   int64_t M = 1;
   for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
   const int64_t padded = panel_blocks(N) * G * L;
-  TORCH_CHECK_VALUE(panels.numel() == (by_column(N) ? N * K : padded * ((K + 3) / 4) * 4) &&
+  TORCH_CHECK_VALUE(panels.numel() == packed_size(K, N) &&
                         column_sums.numel() == (by_column(N) ? N : padded),
                     "dynamic_quantized_matmul: panels not packed by int8_matrix_pack for this x");
   const float* v = x.data_ptr<float>();
