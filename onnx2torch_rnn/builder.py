@@ -201,9 +201,10 @@ class ConversionContext:
         plan = known if known is not None and known.graph is graph else None  # None: one the converter made
         return _GraphBuilder(ConversionContext(self.loaded, graph, parent=self, plan=plan)).build()
 
-    def convert(self, proto: onnx.NodeProto) -> Converted:
-        """Convert one node with its registered converter, as the builder does (a fused node builds its parts so)."""
-        return convert_node(self, proto)[0]
+    def convert(self, proto: onnx.NodeProto, opset: int | None = None) -> Converted:
+        """Convert one node with its registered converter, as the builder does (a fused node builds its parts so).
+        ``opset``: its domain's version where the model imports none (a com.microsoft op a pass writes)."""
+        return convert_node(self, proto, opset=opset)[0]
 
 
 @dataclass
@@ -335,14 +336,15 @@ def _log(ctx: ConversionContext, node: OnnxNode, version: int, where: str, modul
                  "folded (constant at conversion)" if module is None else _describe(module))
 
 
-def convert_node(ctx: ConversionContext, proto: onnx.NodeProto,
-                 name: str | None = None) -> tuple[Converted, int, Callable]:
+def convert_node(ctx: ConversionContext, proto: onnx.NodeProto, name: str | None = None,
+                 opset: int | None = None) -> tuple[Converted, int, Callable]:
     """Run a node's converter (``resolve``d for the context's opset), refusing attributes it did not read.
     Returns the result, the since_version it was converted under and the converter. For a node that is not in the
     plan (e.g. a layer that a fused node converts); the builder converts the plan's nodes with their own."""
     domain = normalize_domain(proto.domain)
-    converter, version = resolve(domain, proto.op_type, ctx.opsets[domain])
-    node = OnnxNode(proto, name or proto.name, version, schema_for(domain, proto.op_type, ctx.opsets[domain]),
+    opset = opset or ctx.opsets[domain]
+    converter, version = resolve(domain, proto.op_type, opset)
+    node = OnnxNode(proto, name or proto.name, version, schema_for(domain, proto.op_type, opset),
                     static_inputs(domain, proto.op_type, version))
     return _run_converter(ctx, node, converter), version, converter
 

@@ -1,0 +1,278 @@
+"""QDQ node groups (DequantizeLinear -> float op -> QuantizeLinear) as the QLinear ops onnxruntime's optimizer makes of
+them, so that the numbers are its default session's.
+
+onnxruntime's QDQ selectors (onnxruntime/core/optimizer/qdq_transformer/selectors_actions) replace each group by its
+QLinear kernel on x86 CPUs, which rounds once where the float op, then QuantizeLinear, round twice. Recognised here
+under the same conditions (the group's float op reads only DequantizeLinear outputs, its one output goes to one
+QuantizeLinear only and is no graph output, the types match, no 16-bit types; scales and zero points constant), with
+the types its QDQS8ToU8Transformer leaves (``_effective_type``):
+
+- Conv -> QLinearConv, MatMul -> QLinearMatMul (uint8 activations: onnxruntime allows int8 ones on ARM alone, but
+  turns int8 Q -> DQ pairs into uint8 first), Gemm -> QGemm (also with a float output; beta 1). The bias: an int32
+  DequantizeLinear whose scale is x_scale * w_scale within onnxruntime's tolerance, or a float constant quantized
+  as its WeightBiasQuantization does (``_bias``);
+- Add, Mul -> QLinearAdd, QLinearMul; Concat -> QLinearConcat; AveragePool, GlobalAveragePool, LeakyRelu, Sigmoid,
+  Softmax -> their QLinear ops;
+- a Relu between the op and a QuantizeLinear whose zero point is the type's lowest value is left out (the
+  quantization clamps the same values: onnxruntime's ReluQuantFusion);
+- ops that only move or pick values (Reshape, Transpose, Flatten, Squeeze, Unsqueeze, Gather, Slice, Expand, Tile,
+  MaxPool and Resize nearest) where DequantizeLinear and QuantizeLinear have the same scalar scale and zero point: the
+  op runs on the integers, with the same numbers (onnxruntime's "drop" rules; a speed-up only).
+
+What onnxruntime leaves alone stays as written. Each group becomes the QLinear node onnxruntime writes, converted
+by that op's converter (``ctx.convert``), so its arithmetic lives in one place (modules/quantized.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+
+from . import Fusion, GraphView, attribute, register_pattern
+
+_STANDARD = ("", "ai.onnx")
+_MS = "com.microsoft"
+_U8, _S8, _I32 = onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.INT32
+_SIXTEEN = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
+_UNARY = {"AveragePool": "QLinearAveragePool", "GlobalAveragePool": "QLinearGlobalAveragePool",
+          "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"}
+_BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
+# ops whose QDQ is dropped, and whether 16-bit types are (onnxruntime's drop rules)
+_DROP = {"Expand": True, "Flatten": True, "Gather": True, "Reshape": True, "Slice": True, "Squeeze": True,
+         "Tile": True, "Transpose": True, "Unsqueeze": True, "MaxPool": False, "Resize": False}
+
+
+def _op(node: onnx.NodeProto | None, *op_types: str) -> bool:
+    return node is not None and node.op_type in op_types and node.domain in _STANDARD
+
+
+class _Group:
+    """One candidate group: the float op, the DequantizeLinear of each input (None where none) and its
+    QuantizeLinear (None where none), with the Relu between them that the quantization makes redundant."""
+
+    def __init__(self, view: GraphView, target: onnx.NodeProto):
+        self.view, self.target = view, target
+        self.inputs = [name for name in target.input if name]
+        self.dqs = [view.producer.get(name) for name in self.inputs]
+        self.dqs = [dq if _op(dq, "DequantizeLinear") and self._parameters(dq) else None for dq in self.dqs]
+        self.relu = self.q = None
+        outputs = [name for name in target.output if name]
+        if len(outputs) == 1 and len(target.output) == 1:
+            after, relu = view.only_consumer(outputs[0]), None
+            if _op(after, "Relu") and _op(view.only_consumer(after.output[0]), "QuantizeLinear"):
+                relu, after = after, view.only_consumer(after.output[0])
+            if _op(after, "QuantizeLinear") and self._parameters(after) and (
+                    relu is None or self._lowest_zero_point(after)):
+                self.relu, self.q = relu, after
+
+    def _parameters(self, node: onnx.NodeProto) -> bool:
+        """Whether a Q/DQ's scale and zero point are constants (per tensor or per axis, no blocks)."""
+        return all(self.view.is_constant(name) for name in node.input[1:3] if name) and not attribute(
+            node, "block_size", 0)
+
+    def _lowest_zero_point(self, q: onnx.NodeProto) -> bool:
+        zero_point = self.view.folded(q.input[2]) if len(q.input) > 2 and q.input[2] else None
+        if zero_point is None:  # no zero point: uint8, zero
+            return len(q.input) < 3 or not q.input[2]
+        return zero_point.size == 1 and int(zero_point.reshape(-1)[0]) == np.iinfo(zero_point.dtype).min
+
+    def all_dequantized(self) -> bool:
+        return bool(self.dqs) and all(dq is not None for dq in self.dqs)
+
+    def type(self, index: int) -> int | None:
+        """The integer type of the DequantizeLinear input ``index`` as onnxruntime's selectors see it."""
+        return _effective_type(self.view, self.dqs[index].input[0])
+
+    def output_type(self) -> int | None:
+        return _effective_type(self.view, self.q.output[0])
+
+    def nodes(self) -> list[onnx.NodeProto]:
+        """The nodes the group replaces; the DequantizeLinear nodes that feed nothing else join by themselves
+        (recognise absorbs them), others stay for their other readers."""
+        return [n for n in (self.target, self.relu, self.q) if n is not None]
+
+    def quantized(self, index: int) -> list[str]:
+        """(integer value, scale, zero point) of input ``index``."""
+        dq = self.dqs[index]
+        return [dq.input[0], dq.input[1], dq.input[2] if len(dq.input) > 2 else ""]
+
+    def output(self) -> list[str]:
+        return [self.q.input[1], self.q.input[2] if len(self.q.input) > 2 else ""]
+
+    def fusion(self, op_type: str, inputs: list[str], domain: str = _MS, extra: dict | None = None,
+               attributes: list | None = None, constants: tuple[str, np.ndarray] | None = None) -> Fusion:
+        """The group as ``op_type`` on ``inputs`` with the target's attributes (or ``attributes``) and ``extra``."""
+        output = (self.q or self.target).output[0]
+        node = onnx.helper.make_node(op_type, inputs, [output], name=self.target.name, domain=domain)
+        node.attribute.extend(self.target.attribute if attributes is None else attributes)
+        for key, value in (extra or {}).items():
+            node.attribute.append(onnx.helper.make_attribute(key, value))
+        opset = 1 if domain == _MS else None
+        # a bias this pass quantizes: defined under a new name, read from the float constant
+        made = None if constants is None else (constants[0], torch.from_numpy(constants[1]))
+        reads = [name for name in inputs if name and (made is None or name != made[0])]
+        if made is not None:
+            reads.append(self.inputs[2])
+
+        def convert(ctx, node=node, opset=opset, made=made):
+            if made is not None:
+                ctx.set_constant(*made)
+            return ctx.convert(node, opset)
+        return Fusion("qdq", op_type, self.nodes(), reads, [output], convert)
+
+
+def _scalar(view: GraphView, name: str) -> int | None:
+    """The single integer value of a constant, else None."""
+    value = view.folded(name) if name else None
+    return int(value.reshape(-1)[0]) if value is not None and value.size == 1 and value.dtype.kind in "iu" else None
+
+
+def _effective_type(view: GraphView, name: str) -> int | None:
+    """The type of a QuantizeLinear output or DequantizeLinear input once onnxruntime's QDQS8ToU8Transformer has run
+    (x86): an int8 QuantizeLinear -> DequantizeLinear pair (the Q read by that DQ alone, one equal int8 zero point
+    each) becomes uint8, and so does an int8 constant that a DequantizeLinear reads when a value lies outside
+    [-64, 64]. Both shift values and zero points by 128: the same numbers, but its selectors then see uint8."""
+    elem_type = view.elem_type(name)
+    if elem_type != _S8:
+        return elem_type
+    q = view.producer.get(name)
+    if _op(q, "QuantizeLinear"):
+        dq = view.only_consumer(name)
+        pair = _op(dq, "DequantizeLinear") and len(q.input) == 3 and len(dq.input) == 3 and len(
+            view.consumers.get(name, [])) == 1
+        zero = _scalar(view, q.input[2]) if pair else None
+        same = zero is not None and zero == _scalar(view, dq.input[2]) and view.elem_type(q.input[2]) == _S8
+        return _U8 if same else _S8
+    value = view.folded(name) if view.is_constant(name) else None
+    readers = view.consumers.get(name, [])
+    if value is None or not readers or not all(_op(r, "DequantizeLinear") for r in readers):
+        return _S8
+    zero_points = [r.input[2] for r in readers if len(r.input) > 2 and r.input[2]]
+    if any(view.folded(z) is None for z in zero_points):
+        return _S8
+    return _U8 if bool((value < -64).any() or (value > 64).any()) else _S8
+
+
+def _eight_bit(*types: int | None) -> bool:
+    return all(t in (_U8, _S8) for t in types)
+
+
+@register_pattern("qdq")
+def qdq(view: GraphView):
+    for target in view.nodes:
+        if target.domain in _STANDARD:
+            fusion = _select(view, _Group(view, target))
+            if fusion is not None:
+                yield fusion
+
+
+def _select(view: GraphView, group: _Group) -> Fusion | None:
+    """The fusion onnxruntime's selectors make of this group, or None."""
+    op = group.target.op_type
+    if op in _DROP:
+        return _drop(view, group)
+    if op in ("Conv", "Gemm"):
+        return _weighted(view, group)
+    if group.q is None or not group.all_dequantized() or not _eight_bit(group.output_type()):
+        return None
+    count, output_type = len(group.dqs), group.output_type()
+    if op in _UNARY and count == 1 and group.type(0) == output_type:
+        extra = {"opset": view.opset(group.target)} if op == "Softmax" else None
+        return group.fusion(_UNARY[op], [*group.quantized(0), *group.output()], extra=extra)
+    if op in _BINARY and count == 2 and group.type(0) == group.type(1) == output_type:
+        return group.fusion(_BINARY[op], [*group.quantized(0), *group.quantized(1), *group.output()])
+    if op == "Concat" and all(group.type(i) == output_type for i in range(count)):
+        return group.fusion("QLinearConcat", [*group.output(), *[n for i in range(count) for n in group.quantized(i)]])
+    if op == "MatMul" and count == 2 and group.type(0) == _U8 == output_type and _eight_bit(group.type(1)):
+        return group.fusion("QLinearMatMul", [*group.quantized(0), *group.quantized(1), *group.output()], domain="")
+    return None
+
+
+def _weighted(view: GraphView, group: _Group) -> Fusion | None:
+    """Conv -> QLinearConv (uint8 activations, 8-bit weights); Gemm -> QGemm (8-bit A and B, int8 A only with int8
+    B), its output quantized or float. The bias: an int32 DequantizeLinear input, or a float constant that
+    onnxruntime's WeightBiasQuantization quantizes first."""
+    conv = group.target.op_type == "Conv"
+    if len(group.dqs) < 2 or group.dqs[0] is None or group.dqs[1] is None:
+        return None
+    a, b = group.type(0), group.type(1)
+    if conv and (group.q is None or a != _U8 or not _eight_bit(b)):
+        return None
+    if not _eight_bit(a, b) or (a == _S8 and b != _S8) or (group.q is not None and group.output_type() != a):
+        return None
+    if group.q is None and any(_op(n, "QuantizeLinear") for n in view.consumers.get(group.target.output[0], [])):
+        return None  # a QuantizeLinear this pass cannot read (onnxruntime's QGemm would requantize)
+    bias = _bias(view, group) if len(group.dqs) == 3 else ("", None)
+    if bias is None:
+        return None
+    inputs = [*group.quantized(0), *group.quantized(1)]
+    if conv:
+        return group.fusion("QLinearConv", [*inputs, *group.output(), bias[0]], domain="", constants=bias[1])
+    if bias[0] and attribute(group.target, "beta", 1.0) != 1.0:
+        return None
+    keep = [a for a in group.target.attribute if a.name != "beta"]
+    outputs = group.output() if group.q is not None else []
+    return group.fusion("QGemm", [*inputs, bias[0], *outputs], attributes=keep, constants=bias[1])
+
+
+def _bias(view: GraphView, group: _Group) -> tuple[str, tuple | None] | None:
+    """(name, constants to define) of QLinearConv's / QGemm's int32 bias, or None where onnxruntime does not fuse.
+    A DequantizeLinear of int32 values whose scale is x_scale * w_scale to within 1e-6 + 1% (onnxruntime's
+    tolerance, measured; it then reads the integers as they are); a float constant vector: round_half_even(b /
+    (x_scale * w_scale)) in float32, where the group's output goes to a QuantizeLinear."""
+    dq, name = group.dqs[2], group.inputs[2]
+    x_scale, w_scale = view.folded(group.dqs[0].input[1]), view.folded(group.dqs[1].input[1])
+    if x_scale is None or w_scale is None or x_scale.size != 1:
+        return None
+    product = (x_scale.reshape(()) * w_scale.reshape(-1)).astype(np.float32)
+    if dq is not None:
+        scale = view.folded(dq.input[1])
+        if view.elem_type(dq.input[0]) != _I32 or scale is None or scale.size not in (1, product.size) or not bool(
+                (np.abs(scale.reshape(-1) - product) <= 1e-6 + 0.01 * np.abs(product)).all()):
+            return None
+        return dq.input[0], None
+    value = view.folded(name) if view.is_constant(name) else None
+    if group.q is None or value is None or value.dtype != np.float32 or value.ndim != 1 or product.size not in (
+            1, value.size) or attribute(group.dqs[1], "block_size", 0):
+        return None
+    made = f"{name}_quantized_by_{group.target.name or 'qdq'}"
+    return made, (made, np.round(value / product).astype(np.int32))
+
+
+def _drop(view: GraphView, group: _Group) -> Fusion | None:
+    """DQ -> op -> Q with the same scalar scale and zero point: the op on the integers."""
+    target, dq, q = group.target, group.dqs[0] if group.dqs else None, group.q
+    if dq is None or q is None or any(d is not None for d in group.dqs[1:]):
+        return None
+    if target.input[0] != dq.output[0] or group.type(0) != group.output_type():
+        return None
+    if group.type(0) in _SIXTEEN and not _DROP[target.op_type]:
+        return None
+    if target.op_type == "Resize" and attribute(target, "mode", "nearest") != "nearest":
+        return None
+    if target.op_type == "MaxPool" and view.opset(target) < 12:
+        return None
+    if not _same_parameters(view, dq, q, positive=target.op_type == "MaxPool"):
+        return None
+    node = onnx.NodeProto()
+    node.CopyFrom(target)
+    node.input[0], node.output[0] = dq.input[0], q.output[0]
+    inputs = [name for name in node.input if name]
+    return Fusion("qdq", target.op_type, group.nodes(), inputs, [q.output[0]],
+                  lambda ctx, node=node: ctx.convert(node))
+
+
+def _same_parameters(view: GraphView, dq: onnx.NodeProto, q: onnx.NodeProto, positive: bool) -> bool:
+    """Whether a DQ and a Q have the same single scale and zero point (positive scale if asked)."""
+    values = []
+    for node in (dq, q):
+        scale = view.folded(node.input[1])
+        zero = view.folded(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if scale is None or scale.size != 1 or (zero is not None and zero.size != 1):
+            return False
+        values.append((scale.dtype, float(scale.reshape(-1)[0]),
+                       None if zero is None else (zero.dtype, int(zero.reshape(-1)[0]))))
+    zero_default = [v[2] or (np.dtype(np.uint8), 0) for v in values]
+    return values[0][:2] == values[1][:2] and zero_default[0] == zero_default[1] and (
+        not positive or values[0][1] > 0)
