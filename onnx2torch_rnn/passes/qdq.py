@@ -25,6 +25,8 @@ by that op's converter (``ctx.convert``), so its arithmetic lives in one place (
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 import onnx
 import torch
@@ -35,12 +37,13 @@ _STANDARD = ("", "ai.onnx")
 _MS = "com.microsoft"
 _U8, _S8, _I32 = onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.INT32
 _SIXTEEN = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
-_UNARY = {"AveragePool": "QLinearAveragePool", "GlobalAveragePool": "QLinearGlobalAveragePool",
-          "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"}
-_BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
+_UNARY = MappingProxyType({"AveragePool": "QLinearAveragePool", "GlobalAveragePool": "QLinearGlobalAveragePool",
+                           "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"})
+_BINARY = MappingProxyType({"Add": "QLinearAdd", "Mul": "QLinearMul"})
 # ops whose QDQ is dropped, and whether 16-bit types are (onnxruntime's drop rules)
-_DROP = {"Expand": True, "Flatten": True, "Gather": True, "Reshape": True, "Slice": True, "Squeeze": True,
-         "Tile": True, "Transpose": True, "Unsqueeze": True, "MaxPool": False, "Resize": False}
+_DROP = MappingProxyType({"Expand": True, "Flatten": True, "Gather": True, "Reshape": True, "Slice": True,
+                          "Squeeze": True, "Tile": True, "Transpose": True, "Unsqueeze": True, "MaxPool": False,
+                          "Resize": False})
 
 
 def _op(node: onnx.NodeProto | None, *op_types: str) -> bool:
