@@ -29,6 +29,18 @@ def trunc_div(a, b):
     return quotient if same_sign else -quotient
 
 
+def kept_geometry(module: Module, key: tuple, make):
+    """``make()`` (a window geometry: Python numbers from sizes), kept per ``key`` between the module's eager calls
+    (never while compiling or tracing: the callers check)."""
+    kept = module.__dict__.setdefault("_geometries", {})
+    value = kept.get(key)
+    if value is None:
+        if len(kept) >= 64:  # many input sizes: start over
+            kept.clear()
+        value = kept[key] = make()
+    return value
+
+
 def attributes_repr(module: nn.Module, names: Sequence[str]) -> str:
     """``extra_repr`` text listing the given attributes (the ONNX attributes a module was built with), skipping None."""
     return ", ".join(f"{n}={getattr(module, n)!r}" for n in names if getattr(module, n) is not None)

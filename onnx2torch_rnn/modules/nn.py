@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..torch_compat import known_true
-from .common import Module, attributes_repr, ceil_div, trunc_div
+from .common import Module, attributes_repr, ceil_div, kept_geometry, trunc_div
 from .shape import ints
 
 CONV = MappingProxyType({1: F.conv1d, 2: F.conv2d, 3: F.conv3d})
@@ -292,6 +292,10 @@ class MaxPool(_Pool):
 
     def forward(self, x):
         n = len(self.kernel_shape)
+        if not self.indices and not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+            eager = self._eager(x)
+            if eager is not None:
+                return eager
         _, strides, dilations, begins, ends = self._geometry(x)
         dtype = x.dtype
         # what onnxruntime reads outside the input: the lowest value, not -inf
@@ -320,6 +324,20 @@ class MaxPool(_Pool):
             stride *= sizes[axis]
         planes = torch.arange(x.shape[0] * x.shape[1], device=x.device).reshape(x.shape[0], x.shape[1], *[1] * n)
         return y, index + planes * stride
+
+
+    def _eager(self, x):
+        """An eager call without indices: the window geometry kept per input shape (its Python arithmetic costs as
+        much as a small pool), no padding where none is needed, no indices computed. None where the general path
+        must run (integer types other than 8-bit, or pads that crop)."""
+        n = len(self.kernel_shape)
+        if not (x.dtype.is_floating_point or (n == 2 and x.dtype in (torch.uint8, torch.int8))):
+            return None
+        strides, dilations, begins, ends = kept_geometry(self, x.shape, lambda: self._geometry(x)[1:])
+        if begins.count(0) + ends.count(0) < 2 * n:
+            lowest = torch.finfo(x.dtype).min if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+            x = pad(x, [0, 0, *begins], [0, 0, *ends], value=lowest)
+        return MAX_POOL[n](x, self.kernel_shape, strides, 0, dilations)
 
 
 class AveragePool(_Pool):

@@ -26,7 +26,7 @@ from ..recurrent.module import Recurrent, native_inference
 from ..recurrent.op import _owned, output_shapes
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
-from .common import Module, attributes_repr
+from .common import Module, attributes_repr, kept_geometry
 from .nn import AveragePool, Conv, _window_counts, pad
 from .shape import broadcast_sizes
 
@@ -469,18 +469,6 @@ class QLinearConv(Conv, _Folded):
         x_zero = 0 if x_zero_point is None else int(x_zero_point)
         return _NATIVE.qlinear_conv.default(x.contiguous(), shifted, multiplier.reshape(-1), B, x_zero, int(zero),
                                             strides, begins + ends, dilations, self.group, dtype)
-
-
-def kept_geometry(module: Module, key: tuple, make):
-    """``make()`` (a window geometry: Python numbers from sizes), kept per ``key`` between the module's eager calls
-    on the native paths (never while compiling or tracing: those do not run them)."""
-    kept = module.__dict__.setdefault("_geometries", {})
-    value = kept.get(key)
-    if value is None:
-        if len(kept) >= 64:  # many input sizes: start over
-            kept.clear()
-        value = kept[key] = make()
-    return value
 
 
 def shifted_weight(w: Tensor, zero_point: Tensor | None) -> Tensor:
