@@ -291,15 +291,17 @@ class Divergence:
     # a quantizer whose float inputs match only to tolerance: where the first value that is not bit for bit
     # onnxruntime's comes from ("<op> node '<name>' (max abs error e)")
     flipped_by: str | None = None
+    flipped_at: str | None = None  # that quantizer: this node, or one inside the recognised recurrence computing it
+
 
     def __str__(self) -> str:
         op = f"{self.domain}::{self.op_type}" if self.domain else self.op_type
         lines = [f"first divergence: {op} node {self.node!r} (#{self.index} in graph order)"
                  + (", folded to a constant at conversion" if self.folded else "")]
         if self.flipped_by:
-            lines.append(f"  quantization step flipped at node {self.node!r}: its float inputs match onnxruntime to "
-                         f"tolerance but not bit for bit, and a value that close to a rounding boundary rounds to the "
-                         f"neighbouring step; the first value not bit for bit is the output of {self.flipped_by}")
+            lines.append(f"  quantization step flipped at node {self.flipped_at!r}: its float inputs match onnxruntime "
+                         f"to tolerance but not bit for bit, and a value that close to a rounding boundary rounds to "
+                         f"the neighbouring step; the first value not bit for bit is the output of {self.flipped_by}")
         if self.fused_into:
             lines.append(f"  computed by {self.fused_into} (fuse=False / --no-fuse compares the nodes inside it)")
         lines.append("  attributes: " + (", ".join(f"{k}={v}" for k, v in self.attributes.items()) or "none"))
@@ -406,8 +408,8 @@ def _onnxruntime_values(loaded: LoadedModel, feeds: Mapping[str, np.ndarray]) ->
 
 
 def _torch_values(module: fx.GraphModule, loaded: LoadedModel, feeds: Mapping[str, np.ndarray]):
-    """(value name -> tensor, names of values the module reads as constants, value name -> the fused recurrence
-    that computes it) from one node-by-node run."""
+    """(value name -> tensor, names of values the module reads as constants, value name -> (the fused recurrence
+    that computes it, the nodes it replaces)) from one node-by-node run."""
     interpreter = fx.Interpreter(module, garbage_collect_values=False)
     args = _torch_args(loaded, feeds)
     with torch.no_grad(), _module_failures():
@@ -421,8 +423,9 @@ def _torch_values(module: fx.GraphModule, loaded: LoadedModel, feeds: Mapping[st
         outputs = names["outputs"]
         onnx_node = node.meta.get("onnx", {})
         if "replaces" in onnx_node:
-            fused.update((name, f"the fused {onnx_node['op_type']} {onnx_node['name']!r} ({len(onnx_node['replaces'])}"
-                                f" nodes, pattern {onnx_node['pattern']})") for name in outputs if name)
+            label = (f"the fused {onnx_node['op_type']} {onnx_node['name']!r} ({len(onnx_node['replaces'])} nodes, "
+                     f"pattern {onnx_node['pattern']})")
+            fused.update((name, (label, onnx_node["replaces"])) for name in outputs if name)
         pairs = [(outputs[0], result)] if len(outputs) == 1 else zip(outputs, result, strict=False)
         values.update((name, value) for name, value in pairs if name is not None)
         for name, arg in zip(names["inputs"], node.args, strict=True):
@@ -477,11 +480,16 @@ def _bisect(loaded: LoadedModel, module: torch.nn.Module, feeds: Mapping[str, np
                 shape, dtype = None, "?"
             inputs.append(ValueSummary(name, shape, dtype, verdicts.get(name)))
         folded = all(o.name in constants for o in outputs)
+        label, replaced = next((fused[o.name] for o in outputs if o.name in fused), (None, ()))
         divergence = Divergence(node.name or f"{node.op_type}_{index}", node.op_type, normalize_domain(node.domain),
                                 index, {a.name: _show_attribute(a) for a in node.attribute}, inputs, outputs, folded,
-                                next((fused[o.name] for o in outputs if o.name in fused), None))
-        if node.op_type in _QUANTIZERS and all(i.matches is not False for i in inputs):
+                                label)
+        # a quantizer, or a recurrence recognised around one (its own outputs are not computed to compare)
+        quantizers = [n.name for n in proto.graph.node if n.name in replaced and n.op_type in _QUANTIZERS]
+        flipped_at = divergence.node if node.op_type in _QUANTIZERS else next(iter(quantizers), None)
+        if flipped_at is not None and all(i.matches is not False for i in inputs):
             divergence.flipped_by = _first_inexact_ancestor(proto.graph, index, inexact)
+            divergence.flipped_at = flipped_at
         return compared, divergence
     return compared, None
 

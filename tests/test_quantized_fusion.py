@@ -9,6 +9,7 @@ onnxruntime and against the Python path, bit for bit."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -21,6 +22,7 @@ from onnx2torch_rnn.checking import run_onnxruntime
 from onnx2torch_rnn.modules import quantized
 from onnx2torch_rnn.modules.quantized import DynamicQuantizedProduct
 from onnx2torch_rnn.recurrent import kernel
+from tests.exporters.common import manifest_input_sets, read_manifest
 from tests.helpers import integers, make_model
 
 
@@ -198,3 +200,34 @@ def test_native_operands_follow_the_weights(monkeypatch):
     with torch.no_grad():
         second = module(x)
     assert not torch.equal(first, second) and torch.equal(second, python_path())
+
+
+QUANTIZED_MODELS = Path(__file__).resolve().parent / "models" / "quantized"
+# quantize_dynamic's LSTMs with their exporters' glue: torch.onnx (zero states from ConstantOfShape, sliced per layer;
+# Transpose + Reshape or Squeeze between layers), tf2onnx (Expand'ed zeros, Unsqueeze, Concat, Slice + Squeeze)
+STACKED = ["ts_lstm_op14_dyn_pt_s8", "ts_crnn_op18_dyn_pc_u8_rr", "ts_tagger_op17_dyn_pt_s8",
+           "ts_seq2seq_op16_dyn_pt_s8", "tf_keras_bi_lstm_concat_dyn_pc_s8_rr", "tf_keras_lstm_hard_sigmoid_dyn_pt_s8"]
+
+
+@pytest.mark.parametrize("name", STACKED)
+def test_dynamic_quantize_lstm_glue_is_recognised_and_exact(name):
+    """passes/stacked.py takes DynamicQuantizeLSTM layers with their zero states and glue (one StackedRecurrent, or
+    the layer alone): no node of that glue is left, and every output is the nodes' as written bit for bit, and
+    onnxruntime's (bit for bit but after the CRNN's LogSoftmax, whose exp/log are libm's)."""
+    path = QUANTIZED_MODELS / f"{name}.onnx"
+    module, literal = onnx2torch_rnn.convert(path), onnx2torch_rnn.convert(path, fuse=False)
+    recognised = [n for n in module.graph.nodes if n.meta.get("onnx", {}).get("pattern") == "stacked_layers"]
+    assert recognised, "the stacked_layers pattern did not fire"
+    left = {type(m).__name__ for m in module.children()}
+    glue = {"ConstantOfShape", "Slice", "Squeeze", "Unsqueeze", "Concat", "Expand", "Reshape"}
+    assert not left & glue - ({"Reshape"} if "crnn" in name else set()), left  # the CRNN's Reshape of conv features
+    entry = next(e for e in read_manifest(QUANTIZED_MODELS)["models"] if e["file"] == f"{name}.onnx")
+    for seed in range(2):
+        for feeds in manifest_input_sets(QUANTIZED_MODELS, entry, entry["sizes"], seed=seed):
+            args = [torch.from_numpy(feeds[k]) for k in feeds]
+            with torch.no_grad():
+                got, as_written = module(*args), literal(*args)
+            got, as_written = (v if isinstance(v, tuple) else (v,) for v in (got, as_written))
+            for g, w, want in zip(got, as_written, run_onnxruntime(path, feeds), strict=True):
+                assert torch.equal(g, w)
+                np.testing.assert_allclose(g.numpy(), want, rtol=1e-6 if "crnn" in name else 0, atol=0, strict=True)

@@ -1330,7 +1330,7 @@ class DynamicQuantizeLSTM(Recurrent):
             lens = self.sequence_lens if sequence_lens is None else sequence_lens
             outputs = recurrent(self.cell, self.config, X, q[0].transpose(1, 2), q[1].transpose(1, 2), B,
                                 lens, initial_h, initial_c, P, products=products)
-        outputs = outputs[: self.num_outputs]
+        outputs = tuple(outputs[: self.num_outputs])
         return outputs[0] if self.num_outputs == 1 else outputs
 
     def _kept_weights(self, w: Tensor, zero_point: Tensor, few_rows: bool) -> _Int8Weights:

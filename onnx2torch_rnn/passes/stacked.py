@@ -33,6 +33,7 @@ from . import Fusion, GraphView, attribute, register_pattern
 RECURRENT = ("LSTM", "GRU", "RNN")
 _INT32, _INT64 = onnx.TensorProto.INT32, onnx.TensorProto.INT64
 _NORMAL = ("", "ai.onnx")
+_QUANTIZED_LSTM = "DynamicQuantizeLSTM"  # com.microsoft (quantize_dynamic's LSTM): a layer of its own stacks
 
 
 @dataclass
@@ -76,18 +77,26 @@ def _input(node: onnx.NodeProto, index: int) -> str:
     return node.input[index] if index < len(node.input) else ""
 
 
+def _recurrent(node: onnx.NodeProto | None) -> bool:
+    """An ONNX LSTM / GRU / RNN, or com.microsoft's DynamicQuantizeLSTM (the same inputs and outputs, int8 W [D, I,
+    4H] and R [D, H, 4H] with their scales and zero points as inputs 8-11)."""
+    return node is not None and ((node.op_type in RECURRENT and node.domain in _NORMAL) or (
+        node.op_type == _QUANTIZED_LSTM and node.domain == "com.microsoft"))
+
+
 def _layer(view: GraphView, node: onnx.NodeProto) -> _Layer | None:
     """A recurrent node that can be a layer: constant weights (initializers, or computed from them: folded when the
-    graph is built), layout 0, a known hidden size."""
-    if node.op_type not in RECURRENT or node.domain not in _NORMAL or not _input(node, 0):
+    graph is built; a DynamicQuantizeLSTM's scales and zero points too), layout 0, a known hidden size."""
+    if not _recurrent(node) or not _input(node, 0):
         return None
     if not (view.is_constant(_input(node, 1)) and view.is_constant(_input(node, 2))):
         return None
-    if any(_input(node, k) and not view.is_constant(_input(node, k)) for k in (3, 7)):
+    if any(_input(node, k) and not view.is_constant(_input(node, k)) for k in (3, 7, 8, 9, 10, 11)):
         return None
     if attribute(node, "layout", 0) != 0:
         return None
-    hidden = attribute(node, "hidden_size") or (view.shape(_input(node, 2)) or [None])[-1]
+    axis = -2 if node.op_type == _QUANTIZED_LSTM else -1  # R [D, H, 4H], not [D, 4H, H]
+    hidden = attribute(node, "hidden_size") or (view.shape(_input(node, 2)) or [None, None])[axis]
     directions = 2 if attribute(node, "direction", "forward") == "bidirectional" else 1
     return _Layer(node, directions, hidden, _input(node, 4)) if isinstance(hidden, int) and hidden > 0 else None
 
@@ -223,7 +232,8 @@ def _slice(view: GraphView, node: onnx.NodeProto) -> tuple[int, int] | None:
 
 # ops whose first output has their first input's shape
 _SAME_SHAPE = ("Cast", "Identity", "Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "Gelu", "Abs", "Neg", "Exp", "Log",
-               "Sqrt", "Softmax", "LogSoftmax", "LayerNormalization", "Dropout", "ReverseSequence")
+               "Sqrt", "Softmax", "LogSoftmax", "LayerNormalization", "Dropout", "ReverseSequence", "QuantizeLinear",
+               "DequantizeLinear")
 
 
 def _rank(view: GraphView, name: str) -> int | None:
@@ -233,7 +243,7 @@ def _rank(view: GraphView, name: str) -> int | None:
         node = view.producer.get(name)
     if _op(node, "Transpose") and attribute(node, "perm") is not None:
         return len(attribute(node, "perm"))
-    if node is not None and node.op_type in RECURRENT and node.output[0] == name:
+    if _recurrent(node) and node.output[0] == name:
         return 4
     shape = view.shape(name)
     return None if shape is None else len(shape)
@@ -264,8 +274,7 @@ def _dim(view: GraphView, name: str, axis: int):
             name, axis = node.input[0], kept[axis]
         elif _op(node, "Gather") and attribute(node, "axis", 0) == 0 and axis < (_rank(view, node.input[1]) or 0):
             name = node.input[1]  # an embedding lookup: out[n, t, :] = data[indices[n, t]], indices' dims first
-        elif node is not None and node.op_type in RECURRENT and node.domain in _NORMAL and node.output[0] == name \
-                and attribute(node, "layout", 0) == 0:
+        elif _recurrent(node) and node.output[0] == name and attribute(node, "layout", 0) == 0:
             layer = _layer(view, node)
             if layer is None or axis not in (0, 2):
                 return {1: layer.directions, 3: layer.hidden}.get(axis) if layer is not None else None
@@ -354,7 +363,7 @@ def _zero_rows(view: GraphView, name: str, layer: _Layer, batch) -> int | None:
         zero = value is not None and value.size == 1 and value.ndim <= 1 and not value.any()
     else:
         return None
-    if not zero or dtype != view.elem_type(layer.node.input[1]):
+    if not zero or dtype != _state_type(view, layer):
         return None
     shape = _shape_vector(view, node.input[1] if node.op_type == "Expand" else node.input[0])
     shape = None if shape is None else prefix + shape
@@ -365,9 +374,14 @@ def _zero_rows(view: GraphView, name: str, layer: _Layer, batch) -> int | None:
     return shape[0] if rows is None else len(range(shape[0])[rows[0]:rows[1]])
 
 
+def _state_type(view: GraphView, layer: _Layer) -> int | None:
+    """The element type of the layer's states: its weights' (float for DynamicQuantizeLSTM, whose weights are int8)."""
+    return onnx.TensorProto.FLOAT if layer.node.op_type == _QUANTIZED_LSTM else view.elem_type(layer.node.input[1])
+
+
 def _states(view: GraphView, stack: _Stack, layer: _Layer, batch) -> None:
     """Where each initial state of ``layer`` comes from: None for absent or proven zeros, else rows of a source."""
-    for index in (5, 6) if layer.node.op_type == "LSTM" else (5,):
+    for index in (5, 6) if layer.node.op_type in ("LSTM", _QUANTIZED_LSTM) else (5,):
         name = _input(layer.node, index)
         if not name or _zeros(view, name, layer, batch):
             layer.states[index] = None
@@ -437,7 +451,8 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
         following = view.only_consumer(between)
         layer = _layer(view, following) if following is not None else None
         if layer is None or list(following.input).count(between) != 1 or following.input[0] != between \
-                or layer.lengths != first.lengths:  # any cell: Keras's LSTM -> GRU
+                or layer.lengths != first.lengths or (  # any cell: Keras's LSTM -> GRU; quantized with quantized
+                    (following.op_type == _QUANTIZED_LSTM) != (first.node.op_type == _QUANTIZED_LSTM)):
             stack.merge_output = True
             break
         stack.nodes += cancelled
@@ -453,7 +468,7 @@ def _find(view: GraphView, first: _Layer) -> _Stack | None:
 
     for layer in stack.layers:
         _states(view, stack, layer, batch)
-    lstm = any(layer.node.op_type == "LSTM" for layer in stack.layers)
+    lstm = any(layer.node.op_type in ("LSTM", _QUANTIZED_LSTM) for layer in stack.layers)
     finals = [_final_states(view, stack, index) for index in ((1, 2) if lstm else (1,))]
     if any(f is False for f in finals):
         return None
@@ -581,8 +596,9 @@ def stacked_layers(view: GraphView):
 
 
 def _weights(stack: _Stack) -> list[str]:
-    """The layers' W, R, B, P: inputs of the fusion (the builder folds those computed from initializers first)."""
-    return [name for layer in stack.layers for k, name in enumerate(layer.node.input) if k in (1, 2, 3, 7) and name]
+    """The layers' W, R, B, P (and a DynamicQuantizeLSTM's scales and zero points): inputs of the fusion (the builder
+    folds those computed from initializers first)."""
+    return [name for layer in stack.layers for k, name in enumerate(layer.node.input) if k not in (0, 4, 5, 6) and name]
 
 
 def convert(ctx, stack: _Stack) -> Converted:
@@ -622,7 +638,8 @@ def _converted_layer(ctx, layer: _Layer, flags: list[bool]):
         flags = flags[:-1]
     proto.output[:] = [f"{layer.node.name}:{k}" if f else "" for k, f in enumerate(flags)]
     converted = ctx.convert(proto)
+    inputs = [*converted.inputs, *[None] * 5]  # a converter may leave out trailing absent inputs
     if any(name is not None for k, name in enumerate(converted.inputs[1:], 1) if k != 4) or (
-            converted.inputs[4] not in (None, layer.lengths)):
+            inputs[4] not in (None, layer.lengths)):
         raise AssertionError("a recognised layer must take only X and its lengths at run time")
     return converted.module

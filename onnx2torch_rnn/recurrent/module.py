@@ -297,7 +297,8 @@ class StackedRecurrent(Module):
         directions (not reverse-only), hidden size, biases and dtype, x's dtype too (a float16 layer's output is
         rounded before the next layer reads it), without hooks or constant lengths; a whole merged Y; steps and rows
         (torch's kernels refuse zero steps); no window."""
-        if not (x.is_cpu and x.numel() and self.window is None and self.merge_output
+        if type(next(iter(self.layers))).forward is not Recurrent.forward or not (
+                x.is_cpu and x.numel() and self.window is None and self.merge_output
                 and not torch.compiler.is_compiling() and not torch.jit.is_tracing()):
             return False
         kinds = {(layer.torch_mode, layer.config.direction, layer.rnn.hidden_size, layer.rnn.bias,
@@ -331,7 +332,8 @@ class StackedRecurrent(Module):
         unless that is the same computation: every layer a Recurrent whose forward is Recurrent's (a converter may
         give a layer another module), without hooks (they still run), the layers' own constant lengths (if any) all
         the same, the first layer's directions reading the same steps of x (its window)."""
-        if torch.compiler.is_compiling() or not native_inference(x, itertools.chain(states, self.parameters())):
+        if type(next(iter(self.layers))).forward is not Recurrent.forward or torch.compiler.is_compiling() or not (
+                native_inference(x, itertools.chain(states, self.parameters()))):
             return None
         weights, counts, configs, constant_lengths = [], [], [], set()
         for layer in self.layers:  # one pass: a batch-1 call notices each loop over the layers
@@ -358,7 +360,9 @@ class StackedRecurrent(Module):
 
     @staticmethod
     def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
-        result = layer(x, sequence_lens=lengths, initial_h=initial_h, initial_c=initial_c)
+        # without grad and hooks, the layer's forward itself: nn.Module.__call__ costs as much as a small layer's Python
+        call = layer if torch.is_grad_enabled() or has_forward_hooks(layer) else layer.forward
+        result = call(x, sequence_lens=lengths, initial_h=initial_h, initial_c=initial_c)
         return (*result, None, None)[:3] if isinstance(result, tuple) else (result, None, None)
 
     def extra_repr(self) -> str:

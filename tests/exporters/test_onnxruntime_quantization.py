@@ -98,7 +98,7 @@ def test_model_set_covers_the_tool():
 
 @pytest.mark.parametrize("file, node", [("ts_crnn_op18_dyn_pt_s8.onnx", "ConvInteger node"),
                                         ("ts_crnn_op18_qop_u8s8.onnx", "QLinearConv node"),
-                                        ("ts_tagger_op17_dyn_pt_s8.onnx", "DynamicQuantizeLSTM node")])
+                                        ("ts_tagger_op17_dyn_pt_s8.onnx", "DynamicQuantizeLSTM module")])
 def test_to_onnx_refuses_integer_ops_by_name(file, node, tmp_path):
     """The exact int8 module is not written back (its integer ops have no ONNX translation here): ExportError names
     the first such node and says how to get an int8 file (dequantize, to_onnx, quantize again)."""
