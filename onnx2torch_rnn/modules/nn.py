@@ -329,9 +329,9 @@ class MaxPool(_Pool):
     def _eager(self, x):
         """An eager call without indices: the window geometry kept per input shape (its Python arithmetic costs as
         much as a small pool), no padding where none is needed, no indices computed. None where the general path
-        must run (integer types other than 8-bit, or pads that crop)."""
+        must run (integer types other than 8-bit on CPU, which torch's pooling takes)."""
         n = len(self.kernel_shape)
-        if not (x.dtype.is_floating_point or (n == 2 and x.dtype in (torch.uint8, torch.int8))):
+        if not (x.dtype.is_floating_point or (n == 2 and x.dtype in (torch.uint8, torch.int8) and x.is_cpu)):
             return None
         strides, dilations, begins, ends = kept_geometry(self, x.shape, lambda: self._geometry(x)[1:])
         if begins.count(0) + ends.count(0) < 2 * n:
