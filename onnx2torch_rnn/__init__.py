@@ -124,8 +124,8 @@ def compile_for_inference(module: torch.nn.Module, *, dynamic: bool | None = Fal
     module.eval()
 
     def inference(*args, **kwargs):
-        # compiled as one frame, the module's call and its hooks inline: torch.compile(module) compiles each hook as
-        # a frame of its own (this library's thread hooks: threads.py), each with its own guards to evaluate per call
+        # compiled as one frame with the module's call inline (a forward hook would be a frame of its own otherwise,
+        # with its own guards to evaluate per call)
         return module(*args, **kwargs)
 
     # a code object per module: torch.compile keeps compiled code per code object, and without guards on the module

@@ -297,8 +297,8 @@ def build(loaded: LoadedModel, progress: Callable[[int, int], None] | None = Non
         raise GraphConversionError(graph.name, f"no earlier node, graph input or initializer computes {shown}")
     module = _GraphBuilder(ConversionContext(loaded, graph, plan=plan)).build(progress).module
     module.meta[META_KEY] = record(loaded.proto, loaded.types, loaded.binding)  # names, dtypes and dims, for to_onnx
-    if _runs_glue(module):  # a model of recurrent nodes alone has no torch ops to keep on one thread
-        threads.install(module, _glue_weights(module))
+    # a model of recurrent nodes alone has no torch ops to keep on one thread; one of large weights gains from more
+    module.meta[threads.ONE_THREAD] = _runs_glue(module) and _glue_weights(module) <= threads.GLUE_WEIGHTS
     return module.eval()  # ONNX semantics are inference semantics (BatchNormalization, Dropout)
 
 
@@ -520,8 +520,8 @@ class _GraphBuilder:
             if not captures[name].users:  # read only by nodes that were folded or are dead
                 self.graph.erase_node(captures[name])
         # After the clean-up: the GraphModule copies only the attributes its graph uses, and generates its code once.
-        module = fx.GraphModule(self.root, self.graph, class_name=sanitize(self.plan.graph.name or "OnnxModel"))
-        executor.install(module)  # inference calls skip nn.Module.__call__ per node
+        # inference calls skip nn.Module.__call__ per node (executor.py)
+        module = executor.Graph(self.root, self.graph, class_name=sanitize(self.plan.graph.name or "OnnxModel"))
         return Subgraph(module, captured)
 
     def check_declared_dims(self) -> None:

@@ -6,8 +6,10 @@ the call through fx and __call__ took 15-30% of a whole call). ``install`` wraps
 an inference call (no grad; not compiling, exporting or tracing) where no child of the graph has hooks and no global
 hooks are set runs the same generated code with ``self`` standing for a namespace whose attribute for each child is
 that child's bound forward (every other name is read from the GraphModule). Any other call runs fx's forward as it
-is. The namespace is made on first use and again when a child is replaced; fx's recompile (after a graph edit, or
-pickling) puts back its own forward, without this path.
+is. The namespace is made on first use and again when a child is replaced. A converted graph is a ``Graph``: fx's
+GraphModule whose forward stays wrapped when fx writes it again (a graph edit's recompile, a deepcopy, unpickling;
+pickling itself recompiles the original). The wrapper also keeps a small model's torch ops on one thread at
+inference (threads.py), where the model is marked for it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import functools
 import torch
 from torch import fx, nn
 
-from .torch_compat import module_internals
+from . import threads
+from .torch_compat import module_internals, unpickle_graph_module
 
 
 class _Namespace:
@@ -66,15 +69,16 @@ def _global_hooks() -> bool:
                 or module_internals._global_backward_hooks or module_internals._global_backward_pre_hooks)
 
 
-def _slow() -> bool:
-    """Whether this call must take nn.Module.__call__ per node (see the module docstring)."""
-    return (torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
-            or torch.jit.is_tracing() or fx._symbolic_trace.is_fx_symbolic_tracing() or _global_hooks())
+def _inference() -> bool:
+    """Whether this is an inference call that nothing records (no grad, not compiling, exporting or tracing)."""
+    return not (torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+                or torch.jit.is_tracing() or fx._symbolic_trace.is_fx_symbolic_tracing())
 
 
 def _namespace(module: fx.GraphModule) -> _Namespace | None:
-    """The namespace of a fast call of ``module``, or None where the call must be fx's as written."""
-    if _slow():
+    """The namespace of a fast call of ``module`` (an inference call), or None where the call must be fx's as
+    written."""
+    if _global_hooks():
         return None
     children = tuple(module._modules.values())
     state = module.__dict__.get("_fast_state")
@@ -83,17 +87,46 @@ def _namespace(module: fx.GraphModule) -> _Namespace | None:
     return None if any(state.hooks) else state.namespace
 
 
-def install(module: fx.GraphModule) -> None:
-    """Wrap ``module``'s generated forward (its class is its own: fx makes one per GraphModule)."""
-    generated = type(module).forward
+def _wrap(cls: type) -> None:
+    """Wrap the forward fx generated for ``cls`` (a graph's own class: fx makes one per GraphModule)."""
+    generated = cls.forward
 
     @functools.wraps(generated)  # the signature stays the graph's (torch.export binds inputs by name)
     def forward(self, *args, **kwargs):
+        if not _inference():
+            return generated(self, *args, **kwargs)
         namespace = _namespace(self)
-        return generated(self if namespace is None else namespace, *args, **kwargs)
+        own = self if namespace is None else namespace
+        if not self.meta.get(threads.ONE_THREAD):
+            return generated(own, *args, **kwargs)
+        threads.enter(args, kwargs)
+        try:
+            return generated(own, *args, **kwargs)
+        finally:
+            threads.leave()
 
     forward.__code__ = forward.__code__.replace()  # a code object per graph, as fx's: torch.compile caches per code
-    type(module).forward = forward
+    cls.forward = forward
+
+
+class Graph(fx.GraphModule):
+    """A converted graph (see the module docstring)."""
+
+    def recompile(self):
+        code = super().recompile()
+        _wrap(type(self))
+        return code
+
+    def __reduce__(self):
+        meta = dict(self.meta)  # fx's unpickling starts from an empty meta (the signature to_onnx reads is there)
+        _, (body, import_block) = super().__reduce__()
+        return _unpickled, (body, import_block, meta)
+
+
+def _unpickled(body: dict, import_block: str, meta: dict) -> fx.GraphModule:
+    module = unpickle_graph_module(body, import_block, Graph)
+    module.meta.update(meta)
+    return module
 
 
 def installed(module: nn.Module) -> bool:

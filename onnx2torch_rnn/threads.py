@@ -4,8 +4,9 @@ On a busy machine (other processes on every core) an OpenMP region of a torch op
 its team, which the OS may not be running: at 2 threads, the bundled tagger (batch 8, 64 steps) took 40-80 ms
 against 1.3 ms at 1 thread, its Gather 8-16 ms and its classifier's [8, 64, 64] @ [64, 5] product up to 37 ms. Ops
 that small gain nothing from a second thread on an idle machine either. So the forward of a converted model whose
-weights outside recurrent nodes are small (``install``), called at inference (no grad) on CPU tensors of few
-elements with more than one thread, sets the calling thread's OpenMP and MKL thread counts to 1 for its duration:
+weights outside recurrent nodes are small (marked ``ONE_THREAD`` at conversion), called at inference (no grad,
+nothing recording: executor.py's wrapper calls ``enter`` and ``leave``) on CPU tensors of few elements with more than
+one thread, sets the calling thread's OpenMP and MKL thread counts to 1 for its duration:
 both counts are per thread (other threads, and this one after the forward, keep theirs), torch's own parallel ops
 read them, and torch.get_num_threads() says 1 inside. The recurrent kernel's calls (``caller_threads``) get the
 caller's count back: the kernel's own threads do not collapse (kernel/recurrent.cpp, ``Job``).
@@ -19,9 +20,10 @@ import threading
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 GLUE_WEIGHTS = 1 << 20  # a model with more weight elements outside its recurrent nodes keeps torch's threads
+ONE_THREAD = "one_thread"  # the key of a converted graph's meta that marks it for this (builder.py)
 INPUT_ELEMENTS = 1 << 18  # a call with more input elements keeps torch's threads
 
 # Per thread, as torch's grad mode: for each converted forward in progress on this thread, the thread counts it
@@ -52,39 +54,27 @@ def _small_call(args: tuple, kwargs: dict) -> bool:
     return all(t.is_cpu for t in tensors) and sum(t.numel() for t in tensors) <= INPUT_ELEMENTS
 
 
-def _tracing() -> bool:  # torch.compile, torch.export and torch.jit.trace record the hooks: they change nothing
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
-
-
-def _enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    if _tracing():
-        return
+def enter(args: tuple, kwargs: dict) -> None:
+    """At the start of an inference call (no grad, nothing recording: executor.py's wrapper) of a model marked
+    ``ONE_THREAD``: one thread for torch's ops if the call is small and the caller runs more."""
     saved = None
     threads = torch.get_num_threads()  # first: at one thread nothing else needs asking (a call's fixed cost)
     runtime = _runtime() if threads > 1 else None
-    if runtime is not None and not torch.is_grad_enabled() and _small_call(args, kwargs):
+    if runtime is not None and _small_call(args, kwargs):
         set_openmp, set_mkl = runtime
         set_openmp(1)
         saved = (threads, set_mkl(1) if set_mkl else 0)
     _FORWARDS.__dict__.setdefault("stack", []).append(saved)
 
 
-def _exit(module: nn.Module, args: tuple, kwargs: dict, output):
-    stack = None if _tracing() else getattr(_FORWARDS, "stack", None)
-    saved = stack.pop() if stack else None
+def leave() -> None:
+    """At the end of that call, error or not: the counts ``enter`` replaced, back."""
+    saved = _FORWARDS.stack.pop()
     if saved is not None:
         set_openmp, set_mkl = _runtime()
         set_openmp(saved[0])
         if set_mkl:
             set_mkl(saved[1])
-
-
-def install(module: nn.Module, glue_weights: int) -> None:
-    """Hooks ``module``'s forward (a converted model with ``glue_weights`` weight elements outside its recurrent
-    nodes) to run torch's own ops on one thread, as the module docstring says."""
-    if glue_weights <= GLUE_WEIGHTS:
-        module.register_forward_pre_hook(_enter, with_kwargs=True)
-        module.register_forward_hook(_exit, with_kwargs=True, always_call=True)
 
 
 def caller_threads(op: Callable, *args):

@@ -13,6 +13,10 @@ fallbacks keep the package working, more slowly or less completely, if a release
 - ``torch.fx.graph._custom_builtins``: the globals fx-generated code uses without importing (``inf``, ``nan``,
   ``NoneType``, ``torch``, ``device``, the pytree modules) and the statement that defines each (torch >= 1.8).
   Fallback: that table as torch 2.13 has it.
+- ``torch.fx.graph_module._forward_from_src`` and ``_deserialize_graph_module(..., graph_module_cls)``: fx's
+  unpickling of a GraphModule (``reduce_graph_module``) made to build a converted graph's own class (executor.Graph,
+  whose forward keeps its wrapper; torch >= 2.2). Fallback: ``reduce_graph_module`` (a plain GraphModule: the same
+  numbers, without the wrapper's fast calls).
 - ``torch.while_loop`` (public since 2.13, a prototype; before that ``torch._higher_order_ops.while_loop``): the
   structured loop that Loop and Scan become while compiling or exporting. Fallback: none (None), and those modules
   then say that this torch cannot compile them in one graph.
@@ -117,6 +121,17 @@ def fx_builtin_imports() -> dict[str, str]:
     if builtins is None:
         return dict(_FX_BUILTINS_FALLBACK)
     return {name: builtin.import_str for name, builtin in builtins.items()}
+
+
+def unpickle_graph_module(body: dict, import_block: str, cls: type) -> fx.GraphModule:
+    """fx's ``reduce_graph_module(body, import_block)`` (what a pickled GraphModule calls), as a ``cls``."""
+    from torch.fx import graph_module
+
+    forward_from_src = getattr(graph_module, "_forward_from_src", None)
+    deserialize = getattr(graph_module, "_deserialize_graph_module", None)
+    if forward_from_src is None or deserialize is None:
+        return graph_module.reduce_graph_module(body, import_block)
+    return deserialize(forward_from_src(import_block + (body.get("_code") or body["code"]), {}), body, cls)
 
 
 def _find_while_loop() -> Callable | None:

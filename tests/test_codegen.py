@@ -244,7 +244,8 @@ def test_every_module_class_of_the_library_keeps_its_arguments():
     ours = [cls for cls in _module_init_methods() if cls.__module__.startswith("onnx2torch_rnn.")]
     assert len(ours) > 80
     missing = [cls.__qualname__ for cls in ours if not issubclass(cls, Module) and cls not in codegen._TORCH_MODULES
-               and cls.__module__ not in ("onnx2torch_rnn.onnx_export",)]  # (never part of a converted model)
+               and cls.__module__ not in ("onnx2torch_rnn.onnx_export",)  # (never part of a converted model)
+               and not issubclass(cls, torch.fx.GraphModule)]  # a graph: codegen writes its class from its code
     # the packed convolutions are torch's, written with torch's arguments
     assert missing == []
 

@@ -129,14 +129,20 @@ def test_branches_take_it_and_see_hooks():
     handle.remove()
 
 
-def test_copies_and_pickles():
+def test_copies_and_pickles_keep_it(monkeypatch):
+    """A deepcopy, an unpickled copy and the original after pickling (which recompiles it) take the fast path, with
+    the same numbers and the meta to_onnx reads; a graph edit's recompile keeps it too."""
     module = onnx2torch_rnn.convert(chain_model())
     x = _x()
     with torch.no_grad():
         y = module(x)
-        for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module)), module):
+            assert executor.installed(other) and other.meta.keys() == module.meta.keys()
+            other.__dict__.pop("_fast_state", None)
             torch.testing.assert_close(other(x), y, rtol=0, atol=0)
-        torch.testing.assert_close(module(x), y, rtol=0, atol=0)
+            assert _fast_state(other).namespace is not None
+        module.recompile()
+        assert executor.installed(module)
 
 
 def test_training_and_tracing_keep_the_module_path():

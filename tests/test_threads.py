@@ -100,7 +100,7 @@ def test_another_thread_keeps_its_count(two_threads):
 
 
 def test_a_model_with_large_glue_keeps_the_threads():
-    """Weights outside recurrent nodes past GLUE_WEIGHTS (a CNN front end, say): no hooks."""
+    """Weights outside recurrent nodes past GLUE_WEIGHTS (a CNN front end, say): not marked."""
     def model(size):
         weight = numpy_helper.from_array(np.ones((4, size), np.float32), "w")
         graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
@@ -108,12 +108,12 @@ def test_a_model_with_large_glue_keeps_the_threads():
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, size])], [weight])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
-    assert onnx2torch_rnn.convert(model(8))._forward_pre_hooks
-    assert not onnx2torch_rnn.convert(model(threads.GLUE_WEIGHTS // 4 + 1))._forward_pre_hooks
+    assert onnx2torch_rnn.convert(model(8)).meta[threads.ONE_THREAD]
+    assert not onnx2torch_rnn.convert(model(threads.GLUE_WEIGHTS // 4 + 1)).meta[threads.ONE_THREAD]
 
 
-def test_a_model_of_recurrent_nodes_alone_has_no_hooks():
-    """Nothing to keep on one thread: the hooks would only cost the call a few microseconds."""
+def test_a_model_of_recurrent_nodes_alone_is_not_marked():
+    """Nothing to keep on one thread: the switch would only cost the call a few microseconds."""
     hidden = 4
     weights = [numpy_helper.from_array(np.ones((1, 4 * hidden, n), np.float32), name)
                for name, n in (("W", 3), ("R", hidden))]
@@ -122,7 +122,7 @@ def test_a_model_of_recurrent_nodes_alone_has_no_hooks():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, 2, hidden]),
                                helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [1, 2, hidden])], weights)
     module = onnx2torch_rnn.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    assert not module._forward_pre_hooks
+    assert not module.meta[threads.ONE_THREAD]
 
 
 def test_two_python_threads_run_converted_models_at_once(two_threads):
