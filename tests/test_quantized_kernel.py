@@ -157,7 +157,7 @@ def test_matmul_integer_matches_python(a_type, b_type, zero_points, a_shape, n):
                   "per row and column": (integers(generator, a_type, (rows,)), integers(generator, b_type, (n,)))
                   }[zero_points]
     want = torch.matmul(q.shifted(a, q._row_zero_point(a_zp)), q.shifted(b, b_zp)).to(torch.int32)
-    assert torch.equal(NATIVE.matmul_integer(a, b, a_zp, b_zp), want)
+    assert torch.equal(NATIVE.matmul_integer(a, *q.packed_matrix(b, b_zp), a_zp), want)
 
 
 def random_conv(rng: random.Random, generator: torch.Generator):
@@ -187,7 +187,8 @@ def test_conv_integer_matches_python(seed, monkeypatch):
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     calls = []
     monkeypatch.setattr(q, "_NATIVE", type("Spy", (), {"conv_integer": lambda self, *args: calls.append(1) or
-                                                       NATIVE.conv_integer(*args)})())
+                                                       NATIVE.conv_integer(*args),
+                                                       "__getattr__": lambda self, name: getattr(NATIVE, name)})())
     for _ in range(40):
         conv, x, w, x_zp, w_zp = random_conv(rng, generator)
         want = q.integer_conv(conv, x, w, x_zp, w_zp).to(torch.int32)

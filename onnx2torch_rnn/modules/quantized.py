@@ -23,7 +23,7 @@ from torch import Tensor
 from ..recurrent import kernel
 from ..recurrent.cells import Cell, decode
 from ..recurrent.module import Recurrent, native_inference
-from ..recurrent.op import _owned, output_shapes
+from ..recurrent.op import PACKS, _checked, _owned, output_shapes
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
 from .common import Module, attributes_repr, kept_geometry
@@ -31,6 +31,9 @@ from .nn import AveragePool, Conv, _window_counts, pad
 from .shape import broadcast_sizes
 
 _NATIVE = torch.ops.onnx2torch_rnn  # the native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp, qlinear.cpp)
+# Their packed weights (int8_matrix_pack, conv_weight_pack, dynamic_quantize_lstm_pack) are kept in recurrent/op.py's
+# PACKS, by the weights' identity and version: the kernel is built against PyTorch's stable ABI, which shows C++
+# neither.
 BYTES = (torch.uint8, torch.int8)
 
 
@@ -245,7 +248,7 @@ def integer_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_poi
         acc = torch.matmul(shifted(a, _row_zero_point(a_zero_point)), shifted(b, b_zero_point))
         return acc.to(torch.int32)
     if _native_matmul(a, b, a_zero_point, b_zero_point):
-        return _NATIVE.matmul_integer(a, b, a_zero_point, b_zero_point)
+        return _NATIVE.matmul_integer(a, *packed_matrix(b, b_zero_point), a_zero_point)
     (a8, ca), (b8, cb) = as_int8(a), as_int8(b)
     da, db = _offset(ca, _row_zero_point(a_zero_point)), _offset(cb, b_zero_point)
     acc = int8_mm(a8.reshape(-1, a8.shape[-1]), b8).reshape(*a8.shape[:-1], b8.shape[-1])
@@ -265,6 +268,22 @@ def _native_matmul(a: Tensor, b: Tensor, a_zero_point: Tensor | None, b_zero_poi
     byte = (torch.uint8, torch.int8)
     return (a.dtype in byte and b.dtype in byte and fits(a_zero_point, a.shape[-2] if a.dim() > 1 else 1)
             and fits(b_zero_point, b.shape[1]) and native(a))
+
+
+def packed_matrix(b: Tensor, zero_point: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """b [K, N] (8-bit) as the native products read it, kept per version (PACKS): int8_matrix_pack's panels and column
+    sums, and the offsets (``weight_offsets``)."""
+    def pack():
+        return (*_NATIVE.int8_matrix_pack(b.contiguous()), weight_offsets(b, zero_point, b.shape[1]))
+
+    return PACKS.made([b] if zero_point is None else [b, zero_point], ("int8_matrix_pack",), pack)
+
+
+def weight_offsets(weight: Tensor, zero_point: Tensor | None, channels: int) -> Tensor:
+    """What turns the packed int8 weights back into weight - zero point, per output channel (int32, contiguous): 128
+    for uint8 weights (packed shifted by 128), minus the zero point (one value or one per channel)."""
+    shift = torch.full((channels,), 128 if weight.dtype == torch.uint8 else 0, dtype=torch.int32)
+    return shift if zero_point is None else (shift - zero_point.to(torch.int32).reshape(-1)).contiguous()
 
 
 class MatMulInteger(Module):
@@ -296,7 +315,17 @@ def native_conv(conv: Conv, x: Tensor, w: Tensor, x_zero_point: Tensor | None,
     strides, dilations, begins, ends = conv.geometry(x, w)
     if min(begins + ends) < 0:
         return None
-    return _NATIVE.conv_integer(x, w, x_zero_point, w_zero_point, strides, begins + ends, dilations, conv.group)
+    return _NATIVE.conv_integer(x, *packed_conv(w, w_zero_point, conv.group), x_zero_point, list(w.shape), strides,
+                                begins + ends, dilations, conv.group)
+
+
+def packed_conv(w: Tensor, zero_point: Tensor | None, group: int) -> tuple[Tensor, Tensor, Tensor]:
+    """w [M, C / group, *kernel] (8-bit) as the native convolutions read it, kept per version (PACKS):
+    conv_weight_pack's panels and column sums, and the offsets (``weight_offsets``)."""
+    def pack():
+        return (*_NATIVE.conv_weight_pack(w.contiguous(), group), weight_offsets(w, zero_point, w.shape[0]))
+
+    return PACKS.made([w] if zero_point is None else [w, zero_point], ("conv_weight_pack", group), pack)
 
 
 class ConvInteger(Conv):
@@ -373,9 +402,7 @@ class _Folded(Module):
         multiplier, the int32 bias per column (None), [a_zero, y_zero, int8 output]."""
         panels, sums = _NATIVE.int8_matrix_pack(b.contiguous())
         n = b.shape[1]
-        offsets = torch.full((n,), 128 if b.dtype == torch.uint8 else 0, dtype=torch.int32)
-        if b_zero_point is not None:
-            offsets = (offsets - b_zero_point.to(torch.int32).reshape(-1)).contiguous()
+        offsets = weight_offsets(b, b_zero_point, n)
         bias = None if bias is None else bias.reshape(-1).expand(n).contiguous()
         signed = int(buffer_dict(self)["y_zero_point"].dtype == torch.int8)
         a_zero = 0 if a_zero_point is None else int(a_zero_point)
@@ -650,12 +677,9 @@ def _prepare(form: str, group: int, weight: Tensor, zero_point: Tensor | None, s
     sums, their offsets (128 for uint8 weights, minus the zero point, per output channel), the scale and the bias
     as float32 vectors; the convolution's weight shape."""
     vectors = (scale.float().reshape(-1).contiguous(), None if bias is None else bias.float().reshape(-1).contiguous())
-    zero = 0 if zero_point is None else zero_point.to(torch.int32).reshape(-1)
     matmul, contiguous = form == "matmul", weight.contiguous()
     panels, sums = _NATIVE.int8_matrix_pack(contiguous) if matmul else _NATIVE.conv_weight_pack(contiguous, group)
-    shift = torch.full((weight.shape[1 if matmul else 0],), 128 if weight.dtype == torch.uint8 else 0,
-                       dtype=torch.int32)
-    operands = (panels, sums, (shift - zero).contiguous(), *vectors)
+    operands = (panels, sums, weight_offsets(weight, zero_point, weight.shape[1 if matmul else 0]), *vectors)
     return operands if matmul else (*operands, list(weight.shape))
 
 
@@ -1316,10 +1340,12 @@ class DynamicQuantizeLSTM(Recurrent):
         B = B if (mine := parameters["B"]) is None else mine
         P = P if (mine := parameters["P"]) is None else mine
         # one opaque node while compiling (the loop is not traced step by step); the native kernel in CPU inference
-        if torch.compiler.is_compiling() or (X.dtype != torch.float64 and
-                                             native_inference(X, (X, B, P, initial_h, initial_c))):
+        compiling = torch.compiler.is_compiling()
+        if compiling or (X.dtype != torch.float64 and native_inference(X, (X, B, P, initial_h, initial_c))
+                         and kernel.loaded("int8")):
             lens = buffers["static_lens"] if sequence_lens is None else sequence_lens
-            outputs = _DYNAMIC_QUANTIZE_LSTM(X, q[0], q[1], B, lens, initial_h, initial_c, P, *q[2:], self.op_config)
+            run = _DYNAMIC_QUANTIZE_LSTM if compiling else native_dynamic_quantize_lstm
+            outputs = run(X, q[0], q[1], B, lens, initial_h, initial_c, P, *q[2:], self.op_config)
             wanted = self.config.outputs
             outputs = [outputs[0] if wanted[0] else None, outputs[1] if wanted[1] else None,
                        outputs[2] if wanted[2] else None]
@@ -1351,11 +1377,10 @@ def dynamic_quantize_lstm_op(X: Tensor, W: Tensor, R: Tensor, B: Tensor | None, 
                              initial_h: Tensor | None, initial_c: Tensor | None, P: Tensor | None, W_scale: Tensor,
                              W_zero_point: Tensor, R_scale: Tensor, R_zero_point: Tensor,
                              config: str) -> tuple[Tensor, Tensor, Tensor]:
-    """DynamicQuantizeLSTM as one op: what torch.compile and torch.export trace, and what eager CPU inference runs
-    when the native kernel is built (recurrent/kernel/dynamic_quantize_lstm.cpp, registered for CPU). The ONNX
-    inputs (W [D, I, 4H], R [D, H, 4H]), ``config`` the recurrent op's (``cells.encode``); (Y, Y_h, Y_c), an empty
-    tensor for an output the config does not ask for. This Python implementation (``reference_dynamic_quantize_lstm``)
-    runs elsewhere and is the native kernel's reference."""
+    """DynamicQuantizeLSTM as one op: what torch.compile and torch.export trace. The ONNX inputs (W [D, I, 4H],
+    R [D, H, 4H]), ``config`` the recurrent op's (``cells.encode``); (Y, Y_h, Y_c), an empty tensor for an output the
+    config does not ask for. On CPU with the native kernel loaded it runs there (``native_dynamic_quantize_lstm``);
+    this Python implementation (``reference_dynamic_quantize_lstm``) runs elsewhere and is the kernel's reference."""
     return reference_dynamic_quantize_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
                                            R_scale, R_zero_point, config)
 
@@ -1372,6 +1397,28 @@ def reference_dynamic_quantize_lstm(X, W, R, B, sequence_lens, initial_h, initia
 
 
 _DYNAMIC_QUANTIZE_LSTM = torch.ops.onnx2torch_rnn.dynamic_quantize_lstm.default  # the op without its Python wrapper
+
+
+def native_dynamic_quantize_lstm(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point, R_scale,
+                                 R_zero_point, config):
+    """The op on the native kernel (recurrent/kernel/dynamic_quantize_lstm.cpp; loaded, X on CPU, not float64): the
+    weights packed by dynamic_quantize_lstm_pack once per version of each (PACKS), then the node on them."""
+    weights = (W, R, B, P, W_scale, W_zero_point, R_scale, R_zero_point)
+    try:
+        packed = PACKS.made([t for t in weights if t is not None],
+                            ("DynamicQuantizeLSTM", config, B is None, P is None),
+                            lambda: _NATIVE.dynamic_quantize_lstm_pack.default(*weights, config))
+        return _NATIVE.dynamic_quantize_lstm_packed.default(X, packed, sequence_lens, initial_h, initial_c)
+    except RuntimeError as error:
+        raise _checked(error) from None
+
+
+@dynamic_quantize_lstm_op.register_kernel("cpu")
+def _(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point, R_scale, R_zero_point, config):
+    run = (native_dynamic_quantize_lstm if X.dtype != torch.float64 and kernel.load("int8")
+           else reference_dynamic_quantize_lstm)
+    return run(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point, R_scale, R_zero_point,
+               config)
 
 
 @dynamic_quantize_lstm_op.register_fake

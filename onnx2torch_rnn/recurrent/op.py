@@ -119,31 +119,41 @@ def config_number(config: str) -> int:
 
 
 class PackCache:
-    """The kernel's packed weights of the nodes run lately, by their weight tensors' identity and version counters:
-    packed once per weight version (an in-place update bumps the version; a new tensor is a new identity). The
-    tensors are held weakly, and an entry leaves when one of its tensors dies (a freed tensor's id may be reused).
-    Inference tensors have no version counter: packed at every call. One per process (``PACKS``), as the kernel."""
+    """The kernel's packed weights of the nodes run lately (the recurrent ones' here, the int8 ones' in
+    modules/quantized.py), by their weight tensors' identity and version counters: packed once per weight version
+    (an in-place update bumps the version; a new tensor is a new identity). The tensors are held weakly, and an entry
+    leaves when one of its tensors dies (a freed tensor's id may be reused). Inference tensors have no version
+    counter: packed at every call. One per process (``PACKS``), as the kernel."""
 
     CAPACITY = 64  # nodes
 
     def __init__(self):
-        self._entries = {}  # (config, float64, ids) -> (versions, packed, weak references), oldest first
+        self._entries = {}  # (*key, ids) -> (versions, packed, weak references), oldest first
 
     def get(self, weights: list[Tensor], config: str, dtype: torch.dtype) -> tuple[Tensor, int, int, int]:
         """(packed weights, the config's number, hidden size, input size): recurrent_packed's arguments."""
         float64 = dtype == torch.float64
-        key = (config, float64, *map(id, weights))
+
+        def pack():
+            number = config_number(config)
+            tensor, hidden, input_size = _PACK(weights, number, float64)
+            return tensor, number, hidden, input_size
+
+        return self.made(weights, (config, float64), pack)
+
+    def made(self, tensors: list[Tensor], key: tuple, make):
+        """``make()``, kept for these tensors (each one's identity and version) and ``key`` (what else it depends
+        on: which optional tensors are absent, attributes)."""
+        key = (*key, *map(id, tensors))
         entry = self._entries.get(key)
-        if entry is not None and tuple(map(_VERSION, weights)) == entry[0]:
+        if entry is not None and tuple(map(_VERSION, tensors)) == entry[0]:
             return entry[1]
-        number = config_number(config)
-        tensor, hidden, input_size = _PACK(weights, number, float64)
-        packed = tensor, number, hidden, input_size
-        if not any(w.is_inference() for w in weights):
+        packed = make()
+        if not any(t.is_inference() for t in tensors):
             def forget(_, entries=self._entries):  # dict operations are atomic: no lock (this may run in any thread)
                 entries.pop(key, None)
 
-            self._entries[key] = (tuple(map(_VERSION, weights)), packed, [weakref.ref(w, forget) for w in weights])
+            self._entries[key] = (tuple(map(_VERSION, tensors)), packed, [weakref.ref(t, forget) for t in tensors])
             for old in list(self._entries)[:-self.CAPACITY]:
                 self._entries.pop(old, None)
         return packed

@@ -11,11 +11,11 @@ import platform
 import re
 
 # The libraries, each compiled from its sources into every variant: (name, sources, built against PyTorch's stable
-# ABI). A stable library (torch/csrc/stable only) serves every torch from STABLE_ABI on; the other one only the torch
-# it was built with (another one builds it on first use). Add a new .cpp file to one of them.
+# ABI). A stable library (torch/csrc/stable only) serves every torch from STABLE_ABI on; another one would serve only
+# the torch it was built with (another one builds it on first use). Add a new .cpp file to one of them.
 LIBRARIES = (("recurrent", ("recurrent.cpp",), True),
              ("int8", ("dynamic_quantize_lstm.cpp", "quantized_ops.cpp", "conv_integer.cpp", "quantize_linear.cpp",
-                       "qlinear.cpp"), False))
+                       "qlinear.cpp"), True))
 SOURCES = tuple(source for _, sources, _ in LIBRARIES for source in sources)
 HEADERS = ("config.h", "vec.h", "int8.h")  # included by them: they count in the first-use build's name, ship in wheels
 # The stable ABI the stable libraries target (TORCH_TARGET_VERSION; pyproject's lowest torch): they load in this

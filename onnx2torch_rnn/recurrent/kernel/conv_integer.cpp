@@ -1,12 +1,13 @@
 // ONNX ConvInteger on the CPU for eager inference (modules/quantized.py calls it where the kernel is loaded; its
 // Python implementation there is the reference and runs everywhere else):
 //
-//   conv_integer(Tensor x, Tensor w, Tensor? x_zero_point, Tensor? w_zero_point, int[] strides, int[] pads,
-//                int[] dilations, int group) -> Tensor
+//   conv_integer(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor? x_zero_point,
+//                int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor
 //       the exact int32 convolution of x - x_zero_point [N, C, *spatial] (1 to 3 spatial axes) by
-//       w - w_zero_point [M, C / group, *kernel]: x's zero point one value, w's one value or one per output
-//       channel; uint8 or int8 each; pads = begins then ends per spatial axis (padding is x's zero point, i.e. zero
-//       after the shift). Integer sums are exact in any order (onnxruntime's int32 accumulator, wrapping alike).
+//       w - w_zero_point [M, C / group, *kernel] packed by conv_weight_pack (offsets [M] int32: 128 for uint8
+//       weights, minus their zero point, per output channel; the caller keeps them): x uint8 or int8, its zero
+//       point one value; pads = begins then ends per spatial axis (padding is x's zero point, i.e. zero after the
+//       shift). Integer sums are exact in any order (onnxruntime's int32 accumulator, wrapping alike).
 //   conv_weight_pack(Tensor w, int group) -> (Tensor panels, Tensor column_sums)
 //       contiguous uint8 or int8 weights [M, C / group, *kernel] as each group's matrix [taps, M / group] in int8
 //       panels (int8.h), once per weight (the caller keeps them)
@@ -20,12 +21,10 @@
 //
 // im2col and an integer product: a tile of output positions gathers its inputs (uint8; int8 shifted by 128) from
 // x padded with its zero point, as rows of taps, times each group's weight panels with the zero points as row and
-// column sums (int8.h: products; AVX-512 VNNI where built for it). Raw pointers and few ATen calls (the stable-ABI
-// port).
+// column sums (int8.h: products; AVX-512 VNNI where built for it). PyTorch's stable ABI (int8.h): raw pointers.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
+#define TORCH_STABLE_ONLY
+#include <torch/csrc/stable/library.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -52,25 +51,16 @@ int32_t value_at(const void* data, bool is_signed, int64_t i) {
   return is_signed ? static_cast<const int8_t*>(data)[i] : static_cast<const uint8_t*>(data)[i];
 }
 
-std::vector<int32_t> zero_points(const std::optional<at::Tensor>& zero_point, int64_t count, const char* what) {
-  if (!zero_point) return {0};
-  const at::Tensor z = zero_point->to(at::kInt).contiguous().view({-1});
-  TORCH_CHECK_VALUE(z.numel() == 1 || z.numel() == count, "conv_integer: ", what, " zero point of ", z.numel(),
-                    " values, expected 1 or ", count);
-  return std::vector<int32_t>(z.data_ptr<int32_t>(), z.data_ptr<int32_t>() + z.numel());
-}
-
 // The geometry of x [N, C, *spatial] convolved by w [M, C / group, *kernel], checked.
-Geometry geometry(const at::Tensor& x, at::IntArrayRef w, at::IntArrayRef strides, at::IntArrayRef pads,
-                  at::IntArrayRef dilations, int64_t group) {
+Geometry geometry(const Tensor& x, const std::vector<int64_t>& w, const std::vector<int64_t>& strides,
+                  const std::vector<int64_t>& pads, const std::vector<int64_t>& dilations, int64_t group) {
   const int64_t rank = x.dim() - 2;
-  TORCH_CHECK_VALUE(rank >= 1 && rank <= 3 && static_cast<int64_t>(w.size()) == x.dim() && group >= 1 &&
-                        x.size(1) % group == 0 && w[0] % group == 0 && w[1] * group == x.size(1),
-                    "conv_integer: x [N, C, 1-3 spatial axes] and w [M, C / group, kernel] expected, got ", x.sizes(),
-                    " and ", w, " with group ", group);
-  TORCH_CHECK_VALUE(static_cast<int64_t>(strides.size()) == rank && static_cast<int64_t>(dilations.size()) == rank &&
+  CHECK_VALUE(rank >= 1 && rank <= 3 && static_cast<int64_t>(w.size()) == x.dim() && group >= 1 &&
+                  x.size(1) % group == 0 && w[0] % group == 0 && w[1] * group == x.size(1),
+              "conv_integer: x [N, C, 1-3 spatial axes] and w [M, C / group, kernel] expected, with group ", group);
+  CHECK_VALUE(static_cast<int64_t>(strides.size()) == rank && static_cast<int64_t>(dilations.size()) == rank &&
                         static_cast<int64_t>(pads.size()) == 2 * rank,
-                    "conv_integer: strides, dilations and pads (begins, ends) per spatial axis expected");
+              "conv_integer: strides, dilations and pads (begins, ends) per spatial axis expected");
   Geometry s;
   for (int a = 0; a < 3; ++a) {
     const int64_t d = a - (3 - rank);  // the spatial axis this one is, or negative (size 1)
@@ -81,9 +71,9 @@ Geometry geometry(const at::Tensor& x, at::IntArrayRef w, at::IntArrayRef stride
     s.pad[a] = d >= 0 ? pads[d] : 0;
     const int64_t span = (s.kernel[a] - 1) * s.dilation[a] + 1;
     const int64_t padded = s.in[a] + s.pad[a] + (d >= 0 ? pads[rank + d] : 0);
-    TORCH_CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && padded >= span && s.pad[a] >= 0 &&
-                          padded >= s.in[a] + s.pad[a],
-                      "conv_integer: non-negative pads and a kernel that fits the padded input expected");
+    CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && padded >= span && s.pad[a] >= 0 &&
+                    padded >= s.in[a] + s.pad[a],
+                "conv_integer: non-negative pads and a kernel that fits the padded input expected");
     s.out[a] = (padded - span) / s.stride[a] + 1;
     s.padded[a] = padded;
   }
@@ -91,7 +81,7 @@ Geometry geometry(const at::Tensor& x, at::IntArrayRef w, at::IntArrayRef stride
 }
 
 // The output shape [N, M, *out].
-std::vector<int64_t> output_shape(const at::Tensor& x, int64_t M, const Geometry& s) {
+std::vector<int64_t> output_shape(const Tensor& x, int64_t M, const Geometry& s) {
   const int64_t rank = x.dim() - 2;
   std::vector<int64_t> shape{x.size(0), M};
   for (int64_t d = 0; d < rank; ++d) shape.push_back(s.out[3 - rank + d]);
@@ -160,7 +150,7 @@ void convolve(const void* x, bool x_signed, int32_t x_zero, const Weights& w, co
           offsets.push_back(c * plane + (k0 * s.dilation[0] * P1 + k1 * s.dilation[1]) * P2 + k2 * s.dilation[2]);
   const int64_t tiles = (positions + kTile - 1) / kTile, tasks = N * group * tiles;
   const int64_t grain = std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(1, kTile * taps * group_out));
-  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+  torch::stable::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t tile = task % tiles, g = task / tiles % group, n = task / (tiles * group);
       const int64_t p0 = tile * kTile, rows = std::min(positions, p0 + kTile) - p0;
@@ -194,89 +184,89 @@ std::vector<int32_t> grouped(const int32_t* offsets, int64_t M, int64_t group) {
   return out;
 }
 
-at::Tensor conv_integer_cpu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& x_zero_point,
-                            const std::optional<at::Tensor>& w_zero_point, at::IntArrayRef strides,
-                            at::IntArrayRef pads, at::IntArrayRef dilations, int64_t group) {
-  for (const at::Tensor* t : {&x, &w})
-    TORCH_CHECK_VALUE(t->scalar_type() == at::kByte || t->scalar_type() == at::kChar,
-                      "conv_integer: uint8 or int8 operands expected, got ", t->scalar_type());
-  const Geometry s = geometry(x, w.sizes(), strides, pads, dilations, group);
-  const int64_t N = x.size(0), C = x.size(1), M = w.size(0);
-  const int64_t taps = w.numel() / std::max<int64_t>(1, M);
-  const std::vector<int32_t> zx = zero_points(x_zero_point, 1, "x's");
-  const std::vector<int32_t> zw = zero_points(w_zero_point, M, "w's");
-  const at::Tensor xc = x.contiguous();
-  // the weights packed once per tensor and version (int8.h: PanelCache), one matrix per group
-  const PanelCache::Entry panels = panel_cache().get(w, /*kind=*/3, [&] {
-    const at::Tensor wc = w.contiguous();
-    return weight_panels(static_cast<const uint8_t*>(wc.data_ptr()), w.scalar_type() == at::kByte, M, group, taps);
-  });
-  std::vector<int32_t> offsets(M);  // the weights' shift minus their zero point
-  for (int64_t m = 0; m < M; ++m) offsets[m] = (*panels)[0].shift - zw[zw.size() == 1 ? 0 : m];
-  Weights weights{{}, {}, grouped(offsets.data(), M, group)};
-  for (const Panels& p : *panels) {
-    weights.data.push_back(p.data.data());
-    weights.sums.push_back(p.column_sums.data());
+// The packed weights (conv_weight_pack's) as the convolution reads them, their size checked.
+Weights packed_weights(const Tensor& panels, const Tensor& column_sums, const Tensor& offsets, int64_t M,
+                       int64_t group, int64_t taps, const char* op) {
+  const int64_t group_out = M / group;
+  const int64_t size = panel_blocks(group_out) * (taps + 3) / 4 * G * L * 4, count = panel_blocks(group_out) * G * L;
+  CHECK_VALUE(panels.scalar_type() == ScalarType::Char && panels.is_contiguous() &&
+                  column_sums.scalar_type() == ScalarType::Int && column_sums.is_contiguous() &&
+                  offsets.scalar_type() == ScalarType::Int && offsets.is_contiguous() &&
+                  panels.numel() == group * size && column_sums.numel() == group * count && offsets.numel() == M,
+              op, ": weights not packed by conv_weight_pack for this shape");
+  Weights weights{{}, {}, grouped(offsets.const_data_ptr<int32_t>(), M, group)};
+  for (int64_t g = 0; g < group; ++g) {
+    weights.data.push_back(panels.const_data_ptr<int8_t>() + g * size);
+    weights.sums.push_back(column_sums.const_data_ptr<int32_t>() + g * count);
   }
+  return weights;
+}
+
+int64_t taps_of(const Geometry& s, int64_t C, int64_t group) {
+  return C / group * s.kernel[0] * s.kernel[1] * s.kernel[2];
+}
+
+Tensor conv_integer_cpu(const Tensor& x, const Tensor& panels, const Tensor& column_sums, const Tensor& offsets,
+                        const std::optional<Tensor>& x_zero_point, const std::vector<int64_t>& weight_shape,
+                        const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                        const std::vector<int64_t>& dilations, int64_t group) {
+  CHECK_VALUE(x.scalar_type() == ScalarType::Byte || x.scalar_type() == ScalarType::Char,
+              "conv_integer: uint8 or int8 x expected, got ", x.scalar_type());
+  const Geometry s = geometry(x, weight_shape, strides, pads, dilations, group);
+  const int64_t N = x.size(0), C = x.size(1), M = weight_shape[0];
+  const Weights weights = packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "conv_integer");
+  const std::vector<int32_t> zx = zero_points(x_zero_point, 1, "conv_integer: x's");
+  const Tensor xc = dense(x);
   const int64_t positions = s.out[0] * s.out[1] * s.out[2];
-  at::Tensor out = at::empty(output_shape(x, M, s), x.options().dtype(at::kInt));
-  int32_t* y = out.data_ptr<int32_t>();
-  convolve(xc.data_ptr(), x.scalar_type() == at::kChar, zx[0], weights, s, N, C, M, group,
+  Tensor out = allocate(output_shape(x, M, s), ScalarType::Int);
+  int32_t* y = out.mutable_data_ptr<int32_t>();
+  convolve(xc.const_data_ptr(), x.scalar_type() == ScalarType::Char, zx[0], weights, s, N, C, M, group,
            [&](int64_t n, int64_t m, int64_t p, int32_t acc) { y[(n * M + m) * positions + p] = acc; });
   return out;
 }
 
-// The one place this file's new ops allocate their outputs.
-at::Tensor allocate(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
-  return at::empty(sizes, at::TensorOptions().dtype(dtype));
-}
-
-std::tuple<at::Tensor, at::Tensor> conv_weight_pack_cpu(const at::Tensor& w, int64_t group) {
-  TORCH_CHECK_VALUE(w.dim() >= 3 && (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar) &&
-                        w.is_contiguous() && group >= 1 && w.size(0) % group == 0,
-                    "conv_weight_pack: contiguous uint8 or int8 weights [M, C / group, kernel] expected");
+std::tuple<Tensor, Tensor> conv_weight_pack_cpu(const Tensor& w, int64_t group) {
+  CHECK_VALUE(w.dim() >= 3 && (w.scalar_type() == ScalarType::Byte || w.scalar_type() == ScalarType::Char) &&
+                  w.is_contiguous() && group >= 1 && w.size(0) % group == 0,
+              "conv_weight_pack: contiguous uint8 or int8 weights [M, C / group, kernel] expected");
   const int64_t M = w.size(0), taps = w.numel() / std::max<int64_t>(1, M);
-  const std::vector<Panels> panels =
-      weight_panels(static_cast<const uint8_t*>(w.data_ptr()), w.scalar_type() == at::kByte, M, group, taps);
+  const std::vector<Panels> panels = weight_panels(static_cast<const uint8_t*>(w.const_data_ptr()),
+                                                   w.scalar_type() == ScalarType::Byte, M, group, taps);
   const int64_t size = panels[0].data.size(), count = panels[0].column_sums.size();
-  at::Tensor data = allocate({group * size}, at::kChar), sums = allocate({group * count}, at::kInt);
+  Tensor data = allocate({group * size}, ScalarType::Char), sums = allocate({group * count}, ScalarType::Int);
   for (int64_t g = 0; g < group; ++g) {
-    std::memcpy(static_cast<int8_t*>(data.data_ptr()) + g * size, panels[g].data.data(), size);
-    std::memcpy(sums.data_ptr<int32_t>() + g * count, panels[g].column_sums.data(), sizeof(int32_t) * count);
+    if (size) std::memcpy(data.mutable_data_ptr<int8_t>() + g * size, panels[g].data.data(), size);
+    std::memcpy(sums.mutable_data_ptr<int32_t>() + g * count, panels[g].column_sums.data(), sizeof(int32_t) * count);
   }
   return {data, sums};
 }
 
-at::Tensor dynamic_quantized_conv_cpu(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& column_sums,
-                                      const at::Tensor& offsets, const at::Tensor& scale,
-                                      const std::optional<at::Tensor>& bias, at::IntArrayRef weight_shape,
-                                      at::IntArrayRef strides, at::IntArrayRef pads, at::IntArrayRef dilations,
-                                      int64_t group) {
+Tensor dynamic_quantized_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& column_sums,
+                                  const Tensor& offsets, const Tensor& scale, const std::optional<Tensor>& bias,
+                                  const std::vector<int64_t>& weight_shape, const std::vector<int64_t>& strides,
+                                  const std::vector<int64_t>& pads, const std::vector<int64_t>& dilations,
+                                  int64_t group) {
   // dtypes and contiguity as the caller (modules/quantized.py) checked them; the layout's size re-checked
+  CHECK_VALUE(x.scalar_type() == ScalarType::Float && x.is_contiguous(),
+              "dynamic_quantized_conv: contiguous float32 x expected");
   const Geometry s = geometry(x, weight_shape, strides, pads, dilations, group);
-  const int64_t N = x.size(0), C = x.size(1), M = weight_shape[0], group_out = M / group;
-  const int64_t taps = C / group * s.kernel[0] * s.kernel[1] * s.kernel[2];
-  const int64_t size = panel_blocks(group_out) * (taps + 3) / 4 * G * L * 4, count = panel_blocks(group_out) * G * L;
-  TORCH_CHECK_VALUE(panels.numel() == group * size && column_sums.numel() == group * count && offsets.numel() == M,
-                    "dynamic_quantized_conv: weights not packed by conv_weight_pack for this shape");
-  const float* v = x.data_ptr<float>();
+  const int64_t N = x.size(0), C = x.size(1), M = weight_shape[0];
+  const Weights weights =
+      packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "dynamic_quantized_conv");
+  const float* v = x.const_data_ptr<float>();
   float low = 0, high = 0;
   widen(v, x.numel(), low, high);
   const Parameters p = parameters(low, high);
   std::vector<uint8_t> q(x.numel());
   quantize(v, x.numel(), p, q.data());
-  Weights weights{{}, {}, grouped(offsets.data_ptr<int32_t>(), M, group)};
-  for (int64_t g = 0; g < group; ++g) {
-    weights.data.push_back(static_cast<const int8_t*>(panels.data_ptr()) + g * size);
-    weights.sums.push_back(column_sums.data_ptr<int32_t>() + g * count);
-  }
   std::vector<float> factor(M);  // x_scale * w_scale per output channel, rounded
-  for (int64_t m = 0; m < M; ++m) factor[m] = p.scale * scale.data_ptr<float>()[scale.numel() == 1 ? 0 : m];
-  const float* add = bias ? bias->data_ptr<float>() : nullptr;
+  const float* w_scale = scale.const_data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) factor[m] = p.scale * w_scale[scale.numel() == 1 ? 0 : m];
+  const float* add = bias ? bias->const_data_ptr<float>() : nullptr;
 
   const int64_t positions = s.out[0] * s.out[1] * s.out[2];
-  at::Tensor out = allocate(output_shape(x, M, s), at::kFloat);
-  float* y = out.data_ptr<float>();
+  Tensor out = allocate(output_shape(x, M, s), ScalarType::Float);
+  float* y = out.mutable_data_ptr<float>();
   convolve(q.data(), false, p.zero_point, weights, s, N, C, M, group,
            [&](int64_t n, int64_t m, int64_t position, int32_t acc) {
              const float value = static_cast<float>(acc) * factor[m];
@@ -287,18 +277,18 @@ at::Tensor dynamic_quantized_conv_cpu(const at::Tensor& x, const at::Tensor& pan
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
-  m.def("conv_integer(Tensor x, Tensor w, Tensor? x_zero_point, Tensor? w_zero_point, int[] strides, int[] pads, "
-        "int[] dilations, int group) -> Tensor");
+STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
+  m.def("conv_integer(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor? x_zero_point, "
+        "int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor");
   m.def("conv_weight_pack(Tensor w, int group) -> (Tensor, Tensor)");
   m.def("dynamic_quantized_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, "
         "Tensor? bias, int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
-  m.impl("conv_integer", &conv_integer_cpu);
-  m.impl("conv_weight_pack", &conv_weight_pack_cpu);
-  m.impl("dynamic_quantized_conv", &dynamic_quantized_conv_cpu);
+STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
+  m.impl("conv_integer", TORCH_BOX(&conv_integer_cpu));
+  m.impl("conv_weight_pack", TORCH_BOX(&conv_weight_pack_cpu));
+  m.impl("dynamic_quantized_conv", TORCH_BOX(&dynamic_quantized_conv_cpu));
 }
 
 }  // namespace onnx2torch_rnn

@@ -1,5 +1,17 @@
-// com.microsoft DynamicQuantizeLSTM on the CPU in one call: the CPU implementation of the
-// onnx2torch_rnn::dynamic_quantize_lstm op. Its Python implementation (modules/quantized.py: IntegerProducts,
+// com.microsoft DynamicQuantizeLSTM on the CPU in one call: two ops, which the CPU implementation of the
+// onnx2torch_rnn::dynamic_quantize_lstm op (and the module's eager inference) call from Python
+// (modules/quantized.py: native_dynamic_quantize_lstm):
+//
+//   dynamic_quantize_lstm_pack(Tensor W, Tensor R, Tensor? B, Tensor? P, Tensor W_scale, Tensor W_zero_point,
+//                              Tensor R_scale, Tensor R_zero_point, str config) -> Tensor
+//       the node's weights checked and packed into one byte tensor (Packed below: the config's number, the sizes, the
+//       weights as int8 panels with their column sums, the scales, Wb + Rb and P padded to whole blocks), which
+//       Python keeps per weight version
+//   dynamic_quantize_lstm_packed(Tensor X, Tensor packed, Tensor? sequence_lens, Tensor? initial_h,
+//                                Tensor? initial_c) -> (Tensor, Tensor, Tensor)
+//       the node on them: Y, Y_h, Y_c (an empty tensor for an output the config does not ask for)
+//
+// Its Python implementation (modules/quantized.py: IntegerProducts,
 // quantized_lstm_step) is this kernel's reference and fallback, and says which float operations onnxruntime does in
 // which order; the numbers here are the same, bit for bit.
 //
@@ -14,11 +26,12 @@
 //   AVX-512, 8 with AVX2) every gate's columns, four rows per int32 lane: one pass over a block yields all four
 //   gates, and the gate equations run on the accumulators at once.
 
-#include <ATen/ATen.h>
-#include <torch/library.h>
+#define TORCH_STABLE_ONLY  // PyTorch's stable ABI (int8.h)
+#include <torch/csrc/stable/library.h>
 
 #include <cfloat>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "config.h"
@@ -58,13 +71,20 @@ inline F activate(const Activation& f, F x) {
   return x;
 }
 
+// One direction's weights as panels (int8.h) inside the packed tensor.
+struct PanelView {
+  const int8_t* data;
+  const int32_t* sums;  // column sums
+  int64_t K4;
+};
+
 // ---- one direction's recurrence -------------------------------------------------------------------------------------
 
 struct Direction {
   const Config* c;
   int d;
   int64_t steps, batch, hidden, hpad, blocks;
-  const Panels *W, *R;
+  PanelView W, R;
   int32_t w_offset, r_offset;      // weight - zero point = int8 panel value + offset
   const float *w_scale, *r_scale;  // [G][hpad] per column (a per-direction scale repeated)
   const float* bias;               // [G][hpad] Wb + Rb, or nullptr
@@ -81,9 +101,9 @@ struct Direction {
   void project(const Quantized& x, int64_t rows, int64_t input) {
     const int32_t za = x.zero_point;
     for (int64_t b = 0; b < blocks; ++b) {
-      const int8_t* panel = W->data.data() + b * W->K4 * G * L * 4;
-      const int32_t* sums = W->column_sums.data() + b * G * L;
-      tiles(x.q.data(), x.lda, rows, panel, W->K4, [&](int64_t n0, auto& acc) {
+      const int8_t* panel = W.data + b * W.K4 * G * L * 4;
+      const int32_t* sums = W.sums + b * G * L;
+      tiles(x.q.data(), x.lda, rows, panel, W.K4, [&](int64_t n0, auto& acc) {
         for (int m = 0; m < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++m) {
           const int32_t row_term = w_offset * (x.sums[n0 + m] - za * static_cast<int32_t>(input));
           float* out = xproj + (n0 + m) * G * hpad + b * L;
@@ -102,7 +122,7 @@ struct Direction {
              int64_t t) {
     const int64_t j = b * L;
     const int32_t za = s.zero_point;
-    const int32_t* sums = R->column_sums.data() + b * G * L;
+    const int32_t* sums = R.sums + b * G * L;
     F pre[G];
     for (int g = 0; g < G; ++g) {
       const I exact = acc[g] + row_term - za * load(sums + g * L);
@@ -150,8 +170,8 @@ struct Direction {
         }
       }
       for (int64_t b = 0; b < blocks; ++b) {
-        const int8_t* panel = R->data.data() + b * R->K4 * G * L * 4;
-        tiles(s.q.data(), s.lda, batch, panel, R->K4, [&](int64_t n0, auto& acc) {
+        const int8_t* panel = R.data + b * R.K4 * G * L * 4;
+        tiles(s.q.data(), s.lda, batch, panel, R.K4, [&](int64_t n0, auto& acc) {
           for (int m = 0; m < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++m) {
             const int64_t n = n0 + m, len = length(n);
             if (step >= len) continue;
@@ -165,168 +185,238 @@ struct Direction {
   }
 };
 
-// ---- the op ---------------------------------------------------------------------------------------------------------
+// ---- the packed weights ------------------------------------------------------------------------------------------
 
-// t as float32 values in memory order, converted only when it is not already (an op call costs microseconds).
-at::Tensor floats(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
-}
+// The packed tensor: a header of int64 values, then per direction W's and R's panels and column sums, the scales per
+// column, Wb + Rb and P as [G][hpad] float32 (zeros in the padding), each part at a multiple of 64 bytes.
+struct Packed {
+  enum { kMagic, kConfig, kDirections, kInput, kHidden, kBias, kPeepholes, kOffsets, kHeader = kOffsets + 4 };
+  int64_t input, hidden, hpad, blocks, directions;
+  bool bias, peepholes;
+  size_t w_data, w_sums, r_data, r_sums, scales, per_direction;  // byte offsets within one direction's part
 
-// count values from p (count 1: one value for every gate) as [G][hpad], zeros in the padding; with q, p[i] + q[i].
-std::vector<float> padded(const float* p, int64_t count, int64_t hidden, int64_t hpad, const float* q = nullptr) {
-  std::vector<float> out(G * hpad, 0.0f);
+  static constexpr int64_t kMagicValue = 0x38744c53;  // "SLt8": a tensor packed by this kernel
+
+  Packed(int64_t directions, int64_t input, int64_t hidden, bool bias, bool peepholes)
+      : input(input), hidden(hidden), hpad((hidden + L - 1) / L * L), blocks(hpad / L), directions(directions),
+        bias(bias), peepholes(peepholes) {
+    size_t at = 0;
+    auto part = [&at](size_t bytes) {
+      const size_t start = at;
+      at += (bytes + 63) / 64 * 64;
+      return start;
+    };
+    w_data = part(blocks * ((input + 3) / 4) * G * L * 4);
+    w_sums = part(blocks * G * L * sizeof(int32_t));
+    r_data = part(blocks * ((hidden + 3) / 4) * G * L * 4);
+    r_sums = part(blocks * G * L * sizeof(int32_t));
+    scales = part((2 + bias + peepholes) * G * hpad * sizeof(float));
+    per_direction = at;
+  }
+  static size_t header() { return (kHeader * sizeof(int64_t) + 63) / 64 * 64; }
+  size_t size() const { return header() + directions * per_direction; }
+};
+
+// count values from p (count 1: one value for every gate) as [G][hpad] at out, zeros in the padding; with q, p[i] +
+// q[i].
+void padded(const float* p, int64_t count, int64_t hidden, int64_t hpad, float* out, const float* q = nullptr) {
+  std::fill(out, out + G * hpad, 0.0f);
   for (int64_t g = 0; g < G && (count == 1 || g * hidden < count); ++g) {
     for (int64_t j = 0; j < hidden; ++j) {
       const int64_t i = count == 1 ? 0 : g * hidden + j;
       out[g * hpad + j] = q ? p[i] + q[i] : p[i];  // Wb + Rb in float32
     }
   }
-  return out;
 }
 
-// W or R [D, K, 4H] as panels per direction, block b holding units b·L .. b·L + L - 1 of every gate.
-PanelCache::Entry lstm_panels(const at::Tensor& M, int64_t hidden, int64_t blocks) {
-  return panel_cache().get(M, /*kind=*/1, [&] {
-    std::vector<Panels> out;
-    for (int64_t d = 0; d < M.size(0); ++d) {
-      out.push_back(pack(M[d], blocks, [hidden](int64_t b, int g, int l) {
-        const int64_t j = b * L + l;
-        return j < hidden ? g * hidden + j : int64_t{-1};
-      }));
-    }
-    return out;
+// W or R [K, 4H] of one direction (contiguous) as panels at data / sums, block b holding units b·L .. b·L + L - 1
+// of every gate.
+void pack_lstm(const uint8_t* m, bool unsigned_values, int64_t K, int64_t hidden, int64_t blocks, int8_t* data,
+               int32_t* sums) {
+  const Panels p = pack_values(K, blocks, unsigned_values, [m, hidden](int64_t k, int64_t j) {
+    return m[k * 4 * hidden + j];
+  }, [hidden](int64_t b, int g, int l) {
+    const int64_t j = b * L + l;
+    return j < hidden ? g * hidden + j : int64_t{-1};
   });
+  if (!p.data.empty()) std::memcpy(data, p.data.data(), p.data.size());
+  std::memcpy(sums, p.column_sums.data(), p.column_sums.size() * sizeof(int32_t));
 }
 
-// Like onnxruntime, the first zero point of each direction's.
-std::vector<int32_t> first_zero_points(const at::Tensor& zero_point, int64_t directions) {
-  const at::Tensor z = zero_point.scalar_type() == at::kChar || zero_point.scalar_type() == at::kByte
-                           ? zero_point.contiguous() : zero_point.to(at::kInt).contiguous();
-  const int64_t per = z.numel() / directions;
-  std::vector<int32_t> out(directions);
-  for (int64_t d = 0; d < directions; ++d) {
-    switch (z.scalar_type()) {
-      case at::kChar: out[d] = z.data_ptr<int8_t>()[d * per]; break;
-      case at::kByte: out[d] = z.data_ptr<uint8_t>()[d * per]; break;
-      default: out[d] = z.data_ptr<int32_t>()[d * per]; break;
+void check_shape(const char* name, const Tensor& t, const std::vector<int64_t>& shape) {
+  const std::vector<int64_t> sizes = sizes_of(t);
+  CHECK_VALUE(sizes == shape, "DynamicQuantizeLSTM: ", name, " must have shape ", shape_text(shape), ", got ",
+              shape_text(sizes));
+}
+
+// The weights checked; (directions, input, hidden).
+std::array<int64_t, 3> checked_weights(const Config& c, const Tensor& W, const Tensor& R, const std::optional<Tensor>& B,
+                                       const std::optional<Tensor>& P, const Tensor& W_scale, const Tensor& R_scale) {
+  CHECK_VALUE(c.cell == CellType::LSTM && c.layout == 0 && c.mask_output < 0,
+              "DynamicQuantizeLSTM: an LSTM config of layout 0 without a mask expected");
+  CHECK_VALUE(W.dim() == 3 && R.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
+  for (const Tensor* w : {&W, &R})
+    CHECK_VALUE(w->scalar_type() == ScalarType::Char || w->scalar_type() == ScalarType::Byte,
+                "DynamicQuantizeLSTM: W and R must be int8 or uint8");
+  const int64_t D = c.directions, hidden = R.size(1), input = W.size(1);
+  CHECK_VALUE(c.hidden_size < 0 || c.hidden_size == hidden, "DynamicQuantizeLSTM: R must have shape [", D, ", ",
+              c.hidden_size, ", ", 4 * c.hidden_size, "], got ", shape_text(sizes_of(R)));
+  check_shape("W", W, {D, input, 4 * hidden});
+  check_shape("R", R, {D, hidden, 4 * hidden});
+  if (B) check_shape("B", *B, {D, 8 * hidden});
+  if (P) check_shape("P", *P, {D, 3 * hidden});
+  for (const Tensor* s : {&W_scale, &R_scale})
+    CHECK_VALUE(s->numel() == D || s->numel() == D * 4 * hidden,
+                "DynamicQuantizeLSTM: a scale per direction, or per direction and column");
+  return {D, input, hidden};
+}
+
+Tensor dynamic_quantize_lstm_pack_cpu(const Tensor& W, const Tensor& R, const std::optional<Tensor>& B,
+                                      const std::optional<Tensor>& P, const Tensor& W_scale,
+                                      const Tensor& W_zero_point, const Tensor& R_scale, const Tensor& R_zero_point,
+                                      std::string_view config) {
+  const int64_t number = NumberedConfigs::get().number(config);
+  const Config& c = NumberedConfigs::get().at(number);
+  const auto [D, input, hidden] = checked_weights(c, W, R, B, P, W_scale, R_scale);
+  const Packed layout(D, input, hidden, B.has_value(), P.has_value());
+  Tensor packed = allocate({static_cast<int64_t>(layout.size())}, ScalarType::Byte);
+  uint8_t* base = packed.mutable_data_ptr<uint8_t>();
+  std::memset(base, 0, layout.size());
+  int64_t* header = reinterpret_cast<int64_t*>(base);
+  header[Packed::kMagic] = Packed::kMagicValue;
+  header[Packed::kConfig] = number;
+  header[Packed::kDirections] = D;
+  header[Packed::kInput] = input;
+  header[Packed::kHidden] = hidden;
+  header[Packed::kBias] = B.has_value();
+  header[Packed::kPeepholes] = P.has_value();
+  const Tensor w = dense(W), r = dense(R), w_zero = dense(W_zero_point), r_zero = dense(R_zero_point);
+  const Tensor w_scales = floats(W_scale), r_scales = floats(R_scale);
+  const Tensor biases = B ? floats(*B) : Tensor(), peephole_weights = P ? floats(*P) : Tensor();
+  const int64_t w_per = w_scales.numel() / D, r_per = r_scales.numel() / D, hpad = layout.hpad;
+  for (int64_t d = 0; d < D; ++d) {
+    uint8_t* part = base + Packed::header() + d * layout.per_direction;
+    const bool w_unsigned = W.scalar_type() == ScalarType::Byte, r_unsigned = R.scalar_type() == ScalarType::Byte;
+    pack_lstm(static_cast<const uint8_t*>(w.const_data_ptr()) + d * input * 4 * hidden, w_unsigned, input, hidden,
+              layout.blocks, reinterpret_cast<int8_t*>(part + layout.w_data),
+              reinterpret_cast<int32_t*>(part + layout.w_sums));
+    pack_lstm(static_cast<const uint8_t*>(r.const_data_ptr()) + d * hidden * 4 * hidden, r_unsigned, hidden, hidden,
+              layout.blocks, reinterpret_cast<int8_t*>(part + layout.r_data),
+              reinterpret_cast<int32_t*>(part + layout.r_sums));
+    // weight - zero point = int8 panel value + offset; like onnxruntime, the first zero point of each direction's
+    header[Packed::kOffsets + d] = (w_unsigned ? 128 : 0) - integer_at(w_zero, d * (w_zero.numel() / D));
+    header[Packed::kOffsets + 2 + d] = (r_unsigned ? 128 : 0) - integer_at(r_zero, d * (r_zero.numel() / D));
+    float* vectors = reinterpret_cast<float*>(part + layout.scales);
+    padded(w_scales.const_data_ptr<float>() + d * w_per, w_per, hidden, hpad, vectors);
+    padded(r_scales.const_data_ptr<float>() + d * r_per, r_per, hidden, hpad, vectors + G * hpad);
+    if (B) {
+      const float* wb = biases.const_data_ptr<float>() + d * 8 * hidden;
+      padded(wb, 4 * hidden, hidden, hpad, vectors + 2 * G * hpad, wb + 4 * hidden);
     }
+    if (P)
+      padded(peephole_weights.const_data_ptr<float>() + d * 3 * hidden, 3 * hidden, hidden, hpad,
+             vectors + (B ? 3 : 2) * G * hpad);
   }
-  return out;
+  return packed;
 }
 
-void check(const char* name, const at::Tensor& t, const std::vector<int64_t>& shape) {
-  TORCH_CHECK_VALUE(t.sizes().vec() == shape, "DynamicQuantizeLSTM: ", name, " must have shape ",
-                    c10::IntArrayRef(shape), ", got ", t.sizes());
-}
+// ---- the op ---------------------------------------------------------------------------------------------------------
 
-// Checks the inputs (their dtypes and shapes; sequence_lens's values) and returns sequence_lens as int64, undefined
-// when every row runs every step.
-at::Tensor checked(const Config& c, const at::Tensor& X, const at::Tensor& W, const at::Tensor& R,
-                   const std::optional<at::Tensor>& B, const std::optional<at::Tensor>& sequence_lens,
-                   const std::optional<at::Tensor>& initial_h, const std::optional<at::Tensor>& initial_c,
-                   const std::optional<at::Tensor>& P, const at::Tensor& W_scale, const at::Tensor& R_scale) {
-  TORCH_CHECK_VALUE(c.cell == CellType::LSTM && c.layout == 0 && c.mask_output < 0,
-                    "DynamicQuantizeLSTM: an LSTM config of layout 0 without a mask expected");
-  TORCH_CHECK_VALUE(X.scalar_type() != at::kDouble,
-                    "DynamicQuantizeLSTM computes in float32 (as onnxruntime): X must not be float64");
-  TORCH_CHECK_VALUE(X.dim() == 3 && W.dim() == 3 && R.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
-  for (const at::Tensor* w : {&W, &R})
-    TORCH_CHECK_VALUE(w->scalar_type() == at::kChar || w->scalar_type() == at::kByte,
-                      "DynamicQuantizeLSTM: W and R must be int8 or uint8");
-  const int64_t steps = X.size(0), batch = X.size(1), input = X.size(2), D = c.directions, hidden = R.size(1);
-  TORCH_CHECK_VALUE(c.hidden_size < 0 || c.hidden_size == hidden, "DynamicQuantizeLSTM: R must have shape [",
-                    D, ", ", c.hidden_size, ", ", 4 * c.hidden_size, "], got ", R.sizes());
-  check("W", W, {D, input, 4 * hidden});
-  check("R", R, {D, hidden, 4 * hidden});
-  if (B) check("B", *B, {D, 8 * hidden});
-  if (P) check("P", *P, {D, 3 * hidden});
-  if (initial_h) check("initial_h", *initial_h, {D, batch, hidden});
-  if (initial_c) check("initial_c", *initial_c, {D, batch, hidden});
-  for (const at::Tensor* s : {&W_scale, &R_scale})
-    TORCH_CHECK_VALUE(s->numel() == D || s->numel() == D * 4 * hidden,
-                      "DynamicQuantizeLSTM: a scale per direction, or per direction and column");
+// sequence_lens checked, as int64; empty when every row runs every step.
+std::vector<int64_t> lengths(const std::optional<Tensor>& sequence_lens, int64_t steps, int64_t batch) {
   if (!sequence_lens) return {};
-  TORCH_CHECK_VALUE(sequence_lens->scalar_type() == at::kInt || sequence_lens->scalar_type() == at::kLong,
-                    "sequence_lens must be int32 or int64");
-  check("sequence_lens", *sequence_lens, {batch});
-  at::Tensor lens = sequence_lens->to(at::kLong).contiguous();
-  const int64_t* p = lens.data_ptr<int64_t>();
-  for (int64_t n = 0; n < batch; ++n)
-    TORCH_CHECK_VALUE(p[n] >= 0 && p[n] <= steps, "sequence_lens values must lie in [0, ", steps,
-                      "] (the sequence length of X), got ", lens);
-  return std::all_of(p, p + batch, [steps](int64_t v) { return v == steps; }) ? at::Tensor() : lens;
+  CHECK_VALUE(sequence_lens->scalar_type() == ScalarType::Int || sequence_lens->scalar_type() == ScalarType::Long,
+              "sequence_lens must be int32 or int64");
+  check_shape("sequence_lens", *sequence_lens, {batch});
+  const Tensor lens = dense(*sequence_lens);
+  std::vector<int64_t> out(batch);
+  for (int64_t n = 0; n < batch; ++n) {
+    out[n] = lens.scalar_type() == ScalarType::Int ? lens.const_data_ptr<int32_t>()[n]
+                                                   : lens.const_data_ptr<int64_t>()[n];
+    CHECK_VALUE(out[n] >= 0 && out[n] <= steps, "sequence_lens values must lie in [0, ", steps,
+                "] (the sequence length of X), got ", out[n]);
+  }
+  return std::all_of(out.begin(), out.end(), [steps](int64_t v) { return v == steps; }) ? std::vector<int64_t>()
+                                                                                         : out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quantize_lstm_cpu(
-    const at::Tensor& X, const at::Tensor& W, const at::Tensor& R, const std::optional<at::Tensor>& B,
-    const std::optional<at::Tensor>& sequence_lens, const std::optional<at::Tensor>& initial_h,
-    const std::optional<at::Tensor>& initial_c, const std::optional<at::Tensor>& P, const at::Tensor& W_scale,
-    const at::Tensor& W_zero_point, const at::Tensor& R_scale, const at::Tensor& R_zero_point,
-    c10::string_view config) {
-  const Config& c = config_of(std::string_view(config.data(), config.size()));
-  const at::Tensor lens = checked(c, X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, R_scale);
+std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_packed_cpu(const Tensor& X, const Tensor& packed,
+                                                                    const std::optional<Tensor>& sequence_lens,
+                                                                    const std::optional<Tensor>& initial_h,
+                                                                    const std::optional<Tensor>& initial_c) {
+  const int64_t* header = static_cast<const int64_t*>(packed.const_data_ptr());
+  CHECK_VALUE(packed.scalar_type() == ScalarType::Byte && packed.is_contiguous() &&
+                  packed.numel() >= static_cast<int64_t>(Packed::header()) &&
+                  header[Packed::kMagic] == Packed::kMagicValue,
+              "DynamicQuantizeLSTM: weights not packed by dynamic_quantize_lstm_pack");
+  const Config& c = NumberedConfigs::get().at(header[Packed::kConfig]);
+  const Packed layout(header[Packed::kDirections], header[Packed::kInput], header[Packed::kHidden],
+                      header[Packed::kBias], header[Packed::kPeepholes]);
+  CHECK_VALUE(packed.numel() == static_cast<int64_t>(layout.size()), "DynamicQuantizeLSTM: packed weights cut short");
+  CHECK_VALUE(X.scalar_type() != ScalarType::Double,
+              "DynamicQuantizeLSTM computes in float32 (as onnxruntime): X must not be float64");
+  CHECK_VALUE(X.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
   const int64_t steps = X.size(0), batch = X.size(1), input = X.size(2), D = c.directions;
-  const int64_t hidden = R.size(1), hpad = (hidden + L - 1) / L * L, blocks = hpad / L;
-  const int64_t* lp = lens.defined() ? lens.data_ptr<int64_t>() : nullptr;
+  const int64_t hidden = layout.hidden, hpad = layout.hpad, blocks = layout.blocks;
+  CHECK_VALUE(input == layout.input, "DynamicQuantizeLSTM: W must have shape ",
+              shape_text({D, input, 4 * hidden}), ", got ", shape_text({D, layout.input, 4 * hidden}));
+  if (initial_h) check_shape("initial_h", *initial_h, {D, batch, hidden});
+  if (initial_c) check_shape("initial_c", *initial_c, {D, batch, hidden});
+  const std::vector<int64_t> lens = lengths(sequence_lens, steps, batch);
+  const int64_t* lp = lens.empty() ? nullptr : lens.data();
   const int64_t longest = lp ? (batch ? *std::max_element(lp, lp + batch) : 0) : steps;
 
-  const at::Tensor x = floats(X);
-  const auto options = x.options();
+  const Tensor x = floats(X);
   // X quantized once: its range over the steps up to the longest row
   Quantized xq(steps * batch, input);
   {
+    const float* v = x.const_data_ptr<float>();
     float low = 0, high = 0;
-    widen(x.data_ptr<float>(), longest * batch * input, low, high);
+    widen(v, longest * batch * input, low, high);
     static_cast<Parameters&>(xq) = parameters(low, high);
     for (int64_t r = 0; r < steps * batch; ++r)
-      xq.sums[r] = quantize(x.data_ptr<float>() + r * input, input, xq, xq.q.data() + r * xq.lda);
+      xq.sums[r] = quantize(v + r * input, input, xq, xq.q.data() + r * xq.lda);
   }
 
-  const PanelCache::Entry w_panels = lstm_panels(W, hidden, blocks), r_panels = lstm_panels(R, hidden, blocks);
-  const std::vector<int32_t> w_zero = first_zero_points(W_zero_point, D), r_zero = first_zero_points(R_zero_point, D);
-  const at::Tensor w_scales = floats(W_scale), r_scales = floats(R_scale);
-  const int64_t w_per = w_scales.numel() / D, r_per = r_scales.numel() / D;
-  const at::Tensor biases = B ? floats(*B) : at::Tensor(), peephole_weights = P ? floats(*P) : at::Tensor();
-
-  at::Tensor y;  // zeros past each row's length: only the steps that run are written
+  Tensor y;  // zeros past each row's length: only the steps that run are written
   if (c.outputs[0]) {
-    y = at::empty({steps, D, batch, hidden}, options);
-    if (lp) y.zero_();
+    y = allocate({steps, D, batch, hidden}, ScalarType::Float);
+    if (lp) std::fill_n(y.mutable_data_ptr<float>(), y.numel(), 0.0f);
   }
   std::vector<float> xproj(steps * batch * G * hpad), h(D * batch * hpad, 0.0f), cell(D * batch * hpad, 0.0f);
   for (int k = 0; k < 2; ++k) {
-    const std::optional<at::Tensor>& given = k ? initial_c : initial_h;
+    const std::optional<Tensor>& given = k ? initial_c : initial_h;
     if (!given) continue;
-    const at::Tensor s = floats(*given);
+    const Tensor s = floats(*given);
     for (int64_t r = 0; r < D * batch; ++r)
-      std::memcpy((k ? cell : h).data() + r * hpad, s.data_ptr<float>() + r * hidden, sizeof(float) * hidden);
+      std::memcpy((k ? cell : h).data() + r * hpad, s.const_data_ptr<float>() + r * hidden, sizeof(float) * hidden);
   }
   for (int64_t d = 0; d < D; ++d) {
-    const std::vector<float> w_scale = padded(w_scales.data_ptr<float>() + d * w_per, w_per, hidden, hpad);
-    const std::vector<float> r_scale = padded(r_scales.data_ptr<float>() + d * r_per, r_per, hidden, hpad);
-    std::vector<float> bias, peepholes;
-    if (B) {
-      const float* wb = biases.data_ptr<float>() + d * 8 * hidden;
-      bias = padded(wb, 4 * hidden, hidden, hpad, wb + 4 * hidden);
-    }
-    if (P) peepholes = padded(peephole_weights.data_ptr<float>() + d * 3 * hidden, 3 * hidden, hidden, hpad);
-    const Panels &w = (*w_panels)[d], &r = (*r_panels)[d];
-    Direction run{&c, static_cast<int>(d), steps, batch, hidden, hpad, blocks, &w, &r, w.shift - w_zero[d],
-                r.shift - r_zero[d],
-                w_scale.data(), r_scale.data(), B ? bias.data() : nullptr, P ? peepholes.data() : nullptr, lp,
-                xproj.data(), h.data() + d * batch * hpad, cell.data() + d * batch * hpad,
-                c.outputs[0] ? y.data_ptr<float>() + d * batch * hidden : nullptr,
-                c.has_clip ? static_cast<float>(c.clip) : FLT_MAX};
+    const uint8_t* part = static_cast<const uint8_t*>(packed.const_data_ptr()) + Packed::header() +
+                          d * layout.per_direction;
+    const float* vectors = reinterpret_cast<const float*>(part + layout.scales);
+    const PanelView w{reinterpret_cast<const int8_t*>(part + layout.w_data),
+                      reinterpret_cast<const int32_t*>(part + layout.w_sums), (input + 3) / 4};
+    const PanelView r{reinterpret_cast<const int8_t*>(part + layout.r_data),
+                      reinterpret_cast<const int32_t*>(part + layout.r_sums), (hidden + 3) / 4};
+    Direction run{&c, static_cast<int>(d), steps, batch, hidden, hpad, blocks, w, r,
+                  static_cast<int32_t>(header[Packed::kOffsets + d]),
+                  static_cast<int32_t>(header[Packed::kOffsets + 2 + d]), vectors, vectors + G * hpad,
+                  layout.bias ? vectors + 2 * G * hpad : nullptr,
+                  layout.peepholes ? vectors + (layout.bias ? 3 : 2) * G * hpad : nullptr, lp, xproj.data(),
+                  h.data() + d * batch * hpad, cell.data() + d * batch * hpad,
+                  c.outputs[0] ? y.mutable_data_ptr<float>() + d * batch * hidden : nullptr,
+                  c.has_clip ? static_cast<float>(c.clip) : FLT_MAX};
     run.project(xq, steps * batch, input);
     run.recur(longest);
   }
 
   // The final states: zero for a row of length 0 and for a sequence of length 0, initial states or not.
-  at::Tensor states[2];
+  Tensor states[2];
   for (int k = 0; k < 2; ++k) {
     if (!c.outputs[k + 1]) continue;
-    states[k] = at::empty({D, batch, hidden}, options);
-    float* out = states[k].data_ptr<float>();
+    states[k] = allocate({D, batch, hidden}, ScalarType::Float);
+    float* out = states[k].mutable_data_ptr<float>();
     for (int64_t r = 0; r < D * batch; ++r) {
       const int64_t n = r % batch;
       if (steps == 0 || (lp && lp[n] == 0))
@@ -335,14 +425,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quantize_lstm_cpu(
         std::memcpy(out + r * hidden, (k ? cell : h).data() + r * hpad, sizeof(float) * hidden);
     }
   }
-  auto output = [&](const at::Tensor& t) {
-    return !t.defined() ? at::empty({0}, X.options()) : t.scalar_type() == X.scalar_type() ? t : t.to(X.scalar_type());
+  const ScalarType dtype = X.scalar_type();
+  auto output = [&](const Tensor& t) {
+    return !t.defined() ? allocate({0}, dtype) : dtype == ScalarType::Float ? t : torch::stable::to(t, dtype);
   };
   return {output(y), output(states[0]), output(states[1])};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) { m.impl("dynamic_quantize_lstm", &dynamic_quantize_lstm_cpu); }
+STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
+  m.def("dynamic_quantize_lstm_pack(Tensor W, Tensor R, Tensor? B, Tensor? P, Tensor W_scale, Tensor W_zero_point, "
+        "Tensor R_scale, Tensor R_zero_point, str config) -> Tensor");
+  m.def("dynamic_quantize_lstm_packed(Tensor X, Tensor packed, Tensor? sequence_lens, Tensor? initial_h, "
+        "Tensor? initial_c) -> (Tensor, Tensor, Tensor)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
+  m.impl("dynamic_quantize_lstm_pack", TORCH_BOX(&dynamic_quantize_lstm_pack_cpu));
+  m.impl("dynamic_quantize_lstm_packed", TORCH_BOX(&dynamic_quantize_lstm_packed_cpu));
+}
 
 }  // namespace onnx2torch_rnn

@@ -9,8 +9,11 @@
 // below), and MLAS's own fused multiply-adds are explicit.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <c10/util/intrusive_ptr.h>
+// Built against PyTorch's stable ABI (torch/csrc/stable), as recurrent.cpp: the including file defines
+// TORCH_STABLE_ONLY before any include.
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define ONNX2TORCH_RNN_VNNI 1
@@ -22,12 +25,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <list>
-#include <memory>
-#include <mutex>
-#include <utility>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "config.h"  // CHECK_VALUE
 #include "vec.h"
 
 #if defined(__clang__)
@@ -38,6 +40,74 @@
 
 namespace onnx2torch_rnn {
 namespace int8 {
+
+// ---- tensors across PyTorch's stable ABI ----------------------------------------------------------------------------
+// No tensor op by name per call where it can be helped (each goes through the dispatcher's boxed path, a microsecond
+// or more): inputs are read through their data pointers, outputs allocated here, packed weights cached in Python.
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+// A new contiguous CPU tensor: the AOTI shim's empty_strided, one direct call (recurrent.cpp: empty).
+inline Tensor allocate(const std::vector<int64_t>& sizes, ScalarType dtype) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    strides[k] = stride;
+    stride *= std::max<int64_t>(sizes[k], 1);
+  }
+  AtenTensorHandle handle;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+      static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
+      torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)), aoti_torch_device_type_cpu(), 0,
+      &handle));
+  return Tensor(handle);
+}
+
+inline std::vector<int64_t> sizes_of(const Tensor& t) {
+  const auto sizes = t.sizes();
+  return std::vector<int64_t>(sizes.begin(), sizes.end());
+}
+
+inline std::string shape_text(const std::vector<int64_t>& shape) {  // as Python prints a list: [2, 3]
+  std::string text = "[";
+  for (size_t k = 0; k < shape.size(); ++k) text += (k ? ", " : "") + std::to_string(shape[k]);
+  return text + "]";
+}
+
+// t itself where it is contiguous (no dispatch), else a contiguous copy.
+inline Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+// t as float32 values in memory order, converted only when it is not already.
+inline Tensor floats(const Tensor& t) {
+  return dense(t.scalar_type() == ScalarType::Float ? t : torch::stable::to(t, ScalarType::Float));
+}
+
+// Value i (in memory order) of a contiguous integer tensor, as int32.
+inline int32_t integer_at(const Tensor& t, int64_t i) {
+  const void* p = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case ScalarType::Byte: return static_cast<const uint8_t*>(p)[i];
+    case ScalarType::Char: return static_cast<const int8_t*>(p)[i];
+    case ScalarType::UInt16: return static_cast<const uint16_t*>(p)[i];
+    case ScalarType::Short: return static_cast<const int16_t*>(p)[i];
+    case ScalarType::Int: return static_cast<const int32_t*>(p)[i];
+    case ScalarType::Long: return static_cast<int32_t>(static_cast<const int64_t*>(p)[i]);
+    default: CHECK_VALUE(false, "an integer tensor expected");
+  }
+  return 0;
+}
+
+// A zero point's values as int32: none ({0}), one, or `count` (one per index).
+inline std::vector<int32_t> zero_points(const std::optional<Tensor>& zero_point, int64_t count, const char* what) {
+  if (!zero_point) return {0};
+  const Tensor z = dense(*zero_point);
+  CHECK_VALUE(z.numel() == 1 || z.numel() == count, what, " zero point of ", z.numel(), " values, expected 1 or ",
+              count);
+  std::vector<int32_t> out(z.numel());
+  for (int64_t i = 0; i < z.numel(); ++i) out[i] = integer_at(z, i);
+  return out;
+}
 
 constexpr int L = Vec<float>::lanes;  // int32/float lanes of one vector register: the columns of one panel vector
 constexpr int G = 4;      // vectors per panel block (DynamicQuantizeLSTM: its four gates)
@@ -82,64 +152,6 @@ Panels pack_values(int64_t K, int64_t blocks, bool unsigned_values, Value value,
   }
   return p;
 }
-
-template <typename Column>
-Panels pack(const at::Tensor& M, int64_t blocks, Column column) {
-  const at::Tensor m = M.contiguous();
-  const uint8_t* w = static_cast<const uint8_t*>(m.data_ptr());
-  const int64_t columns = M.size(1);
-  return pack_values(M.size(0), blocks, M.scalar_type() == at::kByte,
-                     [w, columns](int64_t k, int64_t source) { return w[k * columns + source]; }, column);
-}
-
-// Packed weights per tensor and version (per layout `kind`): a weight modified in place bumps its version counter; a
-// new tensor has a new identity (held weakly: a freed tensor's address may be reused). Inference tensors have no
-// version counter: they are packed at every call.
-class PanelCache {
- public:
-  using Entry = std::shared_ptr<const std::vector<Panels>>;
-
-  template <typename Make>
-  Entry get(const at::Tensor& M, int kind, Make make) {
-    const bool cacheable = !M.is_inference();
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        const Key& k = it->first;
-        if (k.kind == kind && k.version == M._version() && k.data == M.data_ptr() &&
-            k.tensor.lock().get() == M.unsafeGetTensorImpl()) {
-          entries_.splice(entries_.begin(), entries_, it);
-          return it->second;
-        }
-      }
-    }
-    Entry packed = std::make_shared<const std::vector<Panels>>(make());
-    if (cacheable) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      Key key{c10::weak_intrusive_ptr<c10::TensorImpl>(M.getIntrusivePtr()), M._version(), M.data_ptr(), kind};
-      entries_.emplace_front(std::move(key), packed);
-      if (entries_.size() > kCapacity) entries_.pop_back();
-    }
-    return packed;
-  }
-
- private:
-  struct Key {
-    c10::weak_intrusive_ptr<c10::TensorImpl> tensor;
-    int64_t version;
-    const void* data;
-    int kind;
-  };
-  static constexpr size_t kCapacity = 64;
-  std::mutex mutex_;
-  std::list<std::pair<Key, Entry>> entries_;
-};
-
-inline PanelCache& panel_cache() {
-  static PanelCache cache;
-  return cache;
-}
-
 
 // ---- integer products -----------------------------------------------------------------------------------------------
 

@@ -40,9 +40,8 @@
 // "convert" is MLAS's cvtps2dq and saturating packs: NaN and values past the int32 range give the lowest value.
 // Float operations round one by one as in the Python reference (contraction off below), the fused ones explicit.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
+#define TORCH_STABLE_ONLY  // PyTorch's stable ABI (int8.h)
+#include <torch/csrc/stable/library.h>
 
 #include <cmath>
 #include <cstdint>
@@ -55,27 +54,29 @@
 namespace onnx2torch_rnn {
 namespace {
 
+using int8::sizes_of;
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
 constexpr int64_t kGrain = 1 << 15;  // elements per task
 constexpr int64_t kConvTile = 256;  // output positions per convolution task (whole rows of the last axis)
 
-// Every output of this file is allocated here (the stable-ABI port changes this one place).
-at::Tensor output(at::IntArrayRef sizes, at::ScalarType dtype) {
-  return at::empty(sizes, at::TensorOptions().dtype(dtype));
-}
+// Every output of this file is allocated here.
+Tensor output(const std::vector<int64_t>& sizes, ScalarType dtype) { return int8::allocate(sizes, dtype); }
 
-bool signed_bytes(const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.scalar_type() == at::kByte || t.scalar_type() == at::kChar, "qlinear: uint8 or int8 expected, "
+bool signed_bytes(const Tensor& t) {
+  CHECK_VALUE(t.scalar_type() == ScalarType::Byte || t.scalar_type() == ScalarType::Char, "qlinear: uint8 or int8 expected, "
                     "got ", t.scalar_type());
-  return t.scalar_type() == at::kChar;
+  return t.scalar_type() == ScalarType::Char;
 }
 
 // Calls f with a value of the 8-bit type of `dtype` (for its type).
 template <typename Fn>
-void with_type(at::ScalarType dtype, Fn&& f) {
-  if (dtype == at::kChar) {
+void with_type(ScalarType dtype, Fn&& f) {
+  if (dtype == ScalarType::Char) {
     f(int8_t{});
   } else {
-    TORCH_CHECK_VALUE(dtype == at::kByte, "qlinear: uint8 or int8 expected, got ", dtype);
+    CHECK_VALUE(dtype == ScalarType::Byte, "qlinear: uint8 or int8 expected, got ", dtype);
     f(uint8_t{});
   }
 }
@@ -94,23 +95,23 @@ T convert(float value) {
   return saturate<T>(std::nearbyint(value));
 }
 
-at::Tensor requantize_cpu(const at::Tensor& acc, const at::Tensor& multiplier, const std::optional<at::Tensor>& bias,
-                          int64_t zero_point, at::ScalarType dtype, int64_t inner) {
-  TORCH_CHECK_VALUE(acc.scalar_type() == at::kInt && acc.is_contiguous() && multiplier.scalar_type() == at::kFloat &&
+Tensor requantize_cpu(const Tensor& acc, const Tensor& multiplier, const std::optional<Tensor>& bias,
+                          int64_t zero_point, ScalarType dtype, int64_t inner) {
+  CHECK_VALUE(acc.scalar_type() == ScalarType::Int && acc.is_contiguous() && multiplier.scalar_type() == ScalarType::Float &&
                         multiplier.is_contiguous() && multiplier.numel() >= 1 && inner >= 1,
                     "requantize: contiguous int32 acc and float32 multiplier expected");
-  TORCH_CHECK_VALUE(!bias || (bias->scalar_type() == at::kInt && bias->is_contiguous() && bias->numel() >= 1),
+  CHECK_VALUE(!bias || (bias->scalar_type() == ScalarType::Int && bias->is_contiguous() && bias->numel() >= 1),
                     "requantize: a contiguous int32 bias expected");
-  at::Tensor out = output(acc.sizes(), dtype);
-  const int32_t* a = acc.data_ptr<int32_t>();
-  const float* m = multiplier.data_ptr<float>();
-  const int32_t* b = bias ? bias->data_ptr<int32_t>() : nullptr;
+  Tensor out = output(sizes_of(acc), dtype);
+  const int32_t* a = acc.const_data_ptr<int32_t>();
+  const float* m = multiplier.const_data_ptr<float>();
+  const int32_t* b = bias ? bias->const_data_ptr<int32_t>() : nullptr;
   const int64_t m_count = multiplier.numel(), b_count = bias ? bias->numel() : 1;
   const float zero = static_cast<float>(zero_point);
   with_type(dtype, [&](auto type) {
     using T = decltype(type);
-    T* y = static_cast<T*>(out.data_ptr());
-    at::parallel_for(0, acc.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    T* y = static_cast<T*>(out.mutable_data_ptr());
+    torch::stable::parallel_for(0, acc.numel(), kGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end;) {  // runs of `inner` values share their multiplier and bias
         const int64_t group = i / inner, run = std::min(end, (group + 1) * inner);
         const float scale = m[group % m_count];
@@ -148,24 +149,24 @@ struct Broadcast {
   int64_t numel = 1;
 };
 
-Broadcast broadcast(const at::Tensor& x, const at::Tensor& y) {
-  TORCH_CHECK_VALUE(x.scalar_type() == y.scalar_type() && x.is_contiguous() && y.is_contiguous(),
+Broadcast broadcast(const Tensor& x, const Tensor& y) {
+  CHECK_VALUE(x.scalar_type() == y.scalar_type() && x.is_contiguous() && y.is_contiguous(),
                     "qlinear: contiguous operands of one type expected");
   const int64_t rank = std::max(x.dim(), y.dim());
   Broadcast b;
   b.shape.assign(rank, 1);
-  const at::Tensor* operands[2] = {&x, &y};
-  for (const at::Tensor* t : operands) {
+  const Tensor* operands[2] = {&x, &y};
+  for (const Tensor* t : operands) {
     for (int64_t d = 0; d < t->dim(); ++d) {
       int64_t& out = b.shape[rank - t->dim() + d];
       const int64_t size = t->size(d);
-      TORCH_CHECK_VALUE(size == out || size == 1 || out == 1, "qlinear: the operands do not broadcast");
+      CHECK_VALUE(size == out || size == 1 || out == 1, "qlinear: the operands do not broadcast");
       out = size == 1 ? out : size;
     }
   }
   for (int64_t s : b.shape) b.numel *= s;
   for (int k = 0; k < 2; ++k) {
-    const at::Tensor& t = *operands[k];
+    const Tensor& t = *operands[k];
     int64_t first = -1, last = -1;
     for (int64_t d = 0; d < t.dim(); ++d) {
       if (t.size(d) == 1) continue;
@@ -175,7 +176,7 @@ Broadcast broadcast(const at::Tensor& x, const at::Tensor& y) {
     int64_t div = 1;
     for (int64_t d = last + 1; d < rank && last >= 0; ++d) div *= b.shape[d];
     for (int64_t d = std::max<int64_t>(first, 0); d <= last; ++d)
-      TORCH_CHECK_VALUE(t.size(d - (rank - t.dim())) == b.shape[d], "qlinear: an operand repeats within the output "
+      CHECK_VALUE(t.size(d - (rank - t.dim())) == b.shape[d], "qlinear: an operand repeats within the output "
                         "(not one contiguous block)");
     b.map[k][0] = div;
     b.map[k][1] = t.numel();
@@ -185,15 +186,15 @@ Broadcast broadcast(const at::Tensor& x, const at::Tensor& y) {
 
 // f(x value, y value) -> float for each output element of the broadcast; then convert.
 template <typename Fn>
-at::Tensor binary(const at::Tensor& x, const at::Tensor& y, Fn f) {
+Tensor binary(const Tensor& x, const Tensor& y, Fn f) {
   const Broadcast shape = broadcast(x, y);
-  at::Tensor out = output(shape.shape, x.scalar_type());
+  Tensor out = output(shape.shape, x.scalar_type());
   with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
-    const T* a = static_cast<const T*>(x.data_ptr());
-    const T* b = static_cast<const T*>(y.data_ptr());
-    T* c = static_cast<T*>(out.data_ptr());
-    at::parallel_for(0, shape.numel, kGrain, [&](int64_t begin, int64_t end) {
+    const T* a = static_cast<const T*>(x.const_data_ptr());
+    const T* b = static_cast<const T*>(y.const_data_ptr());
+    T* c = static_cast<T*>(out.mutable_data_ptr());
+    torch::stable::parallel_for(0, shape.numel, kGrain, [&](int64_t begin, int64_t end) {
       Walker wa(shape.map[0], begin), wb(shape.map[1], begin);
       for (int64_t i = begin; i < end; ++i, wa.next(), wb.next())
         c[i] = convert<T>(f(static_cast<float>(a[wa.index()]), static_cast<float>(b[wb.index()])));
@@ -202,28 +203,28 @@ at::Tensor binary(const at::Tensor& x, const at::Tensor& y, Fn f) {
   return out;
 }
 
-at::Tensor qlinear_add_cpu(const at::Tensor& x, const at::Tensor& y, double x_ratio, double y_ratio, double offset) {
+Tensor qlinear_add_cpu(const Tensor& x, const Tensor& y, double x_ratio, double y_ratio, double offset) {
   const float rx = static_cast<float>(x_ratio), ry = static_cast<float>(y_ratio), f = static_cast<float>(offset);
   return binary(x, y, [=](float a, float b) { return std::fma(a, rx, std::fma(b, ry, f)); });
 }
 
-at::Tensor qlinear_mul_cpu(const at::Tensor& a, const at::Tensor& b, int64_t a_zero, int64_t b_zero, double ratio,
+Tensor qlinear_mul_cpu(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero, double ratio,
                            int64_t c_zero) {
   const float za = static_cast<float>(a_zero), zb = static_cast<float>(b_zero), r = static_cast<float>(ratio),
               zc = static_cast<float>(c_zero);
   return binary(a, b, [=](float u, float v) { return (u - za) * (v - zb) * r + zc; });
 }
 
-at::Tensor qlinear_lookup_cpu(const at::Tensor& x, const at::Tensor& table) {
+Tensor qlinear_lookup_cpu(const Tensor& x, const Tensor& table) {
   const uint8_t flip = signed_bytes(x) ? 0x80 : 0;  // x - lowest as a byte
   signed_bytes(table);
-  TORCH_CHECK_VALUE(x.is_contiguous() && table.is_contiguous() && table.numel() == 256,
+  CHECK_VALUE(x.is_contiguous() && table.is_contiguous() && table.numel() == 256,
                     "qlinear_lookup: contiguous x and a table of 256 values expected");
-  at::Tensor out = output(x.sizes(), table.scalar_type());
-  const uint8_t* q = static_cast<const uint8_t*>(x.data_ptr());
-  const uint8_t* t = static_cast<const uint8_t*>(table.data_ptr());
-  uint8_t* y = static_cast<uint8_t*>(out.data_ptr());
-  at::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  Tensor out = output(sizes_of(x), table.scalar_type());
+  const uint8_t* q = static_cast<const uint8_t*>(x.const_data_ptr());
+  const uint8_t* t = static_cast<const uint8_t*>(table.const_data_ptr());
+  uint8_t* y = static_cast<uint8_t*>(out.mutable_data_ptr());
+  torch::stable::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) y[i] = t[q[i] ^ flip];
   });
   return out;
@@ -233,10 +234,10 @@ struct Window {  // three spatial axes (missing ones of size 1)
   int64_t in[3], out[3], kernel[3], stride[3], begin[3];
 };
 
-Window window(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef strides, at::IntArrayRef begins,
-              at::IntArrayRef out) {
+Window window(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides, const std::vector<int64_t>& begins,
+              const std::vector<int64_t>& out) {
   const int64_t rank = x.dim() - 2;
-  TORCH_CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous() && static_cast<int64_t>(kernel.size()) == rank &&
+  CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous() && static_cast<int64_t>(kernel.size()) == rank &&
                         static_cast<int64_t>(strides.size()) == rank && static_cast<int64_t>(begins.size()) == rank &&
                         static_cast<int64_t>(out.size()) == rank, "qlinear_average_pool: x [N, C, 1-3 spatial axes] "
                     "and a kernel, strides, head pads and output size per spatial axis expected");
@@ -252,21 +253,21 @@ Window window(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef strid
   return w;
 }
 
-at::Tensor qlinear_average_pool_cpu(const at::Tensor& x, at::IntArrayRef kernel, at::IntArrayRef strides,
-                                    at::IntArrayRef begins, at::IntArrayRef out_sizes, double x_scale, int64_t x_zero,
+Tensor qlinear_average_pool_cpu(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
+                                    const std::vector<int64_t>& begins, const std::vector<int64_t>& out_sizes, double x_scale, int64_t x_zero,
                                     double y_scale, int64_t y_zero, bool count_include_pad) {
   const Window w = window(x, kernel, strides, begins, out_sizes);
   std::vector<int64_t> shape{x.size(0), x.size(1)};
   shape.insert(shape.end(), out_sizes.begin(), out_sizes.end());
-  at::Tensor out = output(shape, x.scalar_type());
+  Tensor out = output(shape, x.scalar_type());
   const float xs = static_cast<float>(x_scale), ys = static_cast<float>(y_scale), zy = static_cast<float>(y_zero);
   const float whole = static_cast<float>(w.kernel[0] * w.kernel[1] * w.kernel[2]);
   const int64_t plane = w.in[0] * w.in[1] * w.in[2], positions = w.out[0] * w.out[1] * w.out[2];
   with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
-    const T* q = static_cast<const T*>(x.data_ptr());
-    T* y = static_cast<T*>(out.data_ptr());
-    at::parallel_for(0, x.size(0) * x.size(1), std::max<int64_t>(1, kGrain / std::max<int64_t>(1, positions)),
+    const T* q = static_cast<const T*>(x.const_data_ptr());
+    T* y = static_cast<T*>(out.mutable_data_ptr());
+    torch::stable::parallel_for(0, x.size(0) * x.size(1), std::max<int64_t>(1, kGrain / std::max<int64_t>(1, positions)),
                      [&](int64_t begin, int64_t end) {
       for (int64_t image = begin; image < end; ++image) {
         const T* src = q + image * plane;
@@ -296,22 +297,22 @@ at::Tensor qlinear_average_pool_cpu(const at::Tensor& x, at::IntArrayRef kernel,
   return out;
 }
 
-at::Tensor qlinear_global_average_pool_cpu(const at::Tensor& x, double x_scale, int64_t x_zero, double y_scale,
+Tensor qlinear_global_average_pool_cpu(const Tensor& x, double x_scale, int64_t x_zero, double y_scale,
                                            int64_t y_zero, bool channels_last) {
-  TORCH_CHECK_VALUE(x.dim() >= 3 && x.is_contiguous(), "qlinear_global_average_pool: contiguous x [N, C, spatial] "
+  CHECK_VALUE(x.dim() >= 3 && x.is_contiguous(), "qlinear_global_average_pool: contiguous x [N, C, spatial] "
                     "expected");
   const int64_t N = x.size(0), C = channels_last ? x.size(-1) : x.size(1);
   const int64_t size = x.numel() / std::max<int64_t>(1, N * C);
   std::vector<int64_t> shape(x.dim(), 1);
   shape[0] = N;
   shape[channels_last ? x.dim() - 1 : 1] = C;
-  at::Tensor out = output(shape, x.scalar_type());
+  Tensor out = output(shape, x.scalar_type());
   const float multiplier = static_cast<float>(x_scale) / (static_cast<float>(y_scale) * static_cast<float>(size));
   const float zy = static_cast<float>(y_zero);
   with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
-    const T* q = static_cast<const T*>(x.data_ptr());
-    T* y = static_cast<T*>(out.data_ptr());
+    const T* q = static_cast<const T*>(x.const_data_ptr());
+    T* y = static_cast<T*>(out.mutable_data_ptr());
     std::vector<int64_t> sums(N * C, 0);
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t c = 0; c < C; ++c) {
@@ -329,19 +330,19 @@ at::Tensor qlinear_global_average_pool_cpu(const at::Tensor& x, double x_scale, 
   return out;
 }
 
-at::Tensor qlinear_softmax_cpu(const at::Tensor& rows, const at::Tensor& table, double inverse, int64_t y_zero) {
-  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.is_contiguous() && table.scalar_type() == at::kFloat &&
+Tensor qlinear_softmax_cpu(const Tensor& rows, const Tensor& table, double inverse, int64_t y_zero) {
+  CHECK_VALUE(rows.dim() == 2 && rows.is_contiguous() && table.scalar_type() == ScalarType::Float &&
                         table.is_contiguous() && table.numel() == 256, "qlinear_softmax: contiguous rows [R, L] and "
                     "a float32 table of 256 values expected");
-  at::Tensor out = output(rows.sizes(), rows.scalar_type());
+  Tensor out = output(sizes_of(rows), rows.scalar_type());
   const int64_t R = rows.size(0), L = rows.size(1);
-  const float* t = table.data_ptr<float>();
+  const float* t = table.const_data_ptr<float>();
   const float inv = static_cast<float>(inverse), zy = static_cast<float>(y_zero);
   with_type(rows.scalar_type(), [&](auto type) {
     using T = decltype(type);
     const int32_t top = std::numeric_limits<T>::max();
-    const T* q = static_cast<const T*>(rows.data_ptr());
-    T* y = static_cast<T*>(out.data_ptr());
+    const T* q = static_cast<const T*>(rows.const_data_ptr());
+    T* y = static_cast<T*>(out.mutable_data_ptr());
     std::vector<float> values(L);
     for (int64_t r = 0; r < R; ++r) {
       const T* row = q + r * L;
@@ -362,10 +363,10 @@ struct ConvGeometry {  // three spatial axes (missing ones of size 1)
   int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
 };
 
-ConvGeometry conv_geometry(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef strides, at::IntArrayRef pads,
-                           at::IntArrayRef dilations) {
+ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                           const std::vector<int64_t>& dilations) {
   const int64_t rank = x.dim() - 2;
-  TORCH_CHECK_VALUE(rank >= 1 && rank <= 3 && w.dim() == x.dim() && static_cast<int64_t>(strides.size()) == rank &&
+  CHECK_VALUE(rank >= 1 && rank <= 3 && w.dim() == x.dim() && static_cast<int64_t>(strides.size()) == rank &&
                         static_cast<int64_t>(dilations.size()) == rank && static_cast<int64_t>(pads.size()) == 2 * rank,
                     "qlinear_conv: x [N, C, 1-3 spatial axes], w [M, C / group, kernel] and strides, dilations and "
                     "pads (begins, ends) per spatial axis expected");
@@ -379,7 +380,7 @@ ConvGeometry conv_geometry(const at::Tensor& x, const at::Tensor& w, at::IntArra
     s.pad[a] = d >= 0 ? pads[d] : 0;
     const int64_t span = (s.kernel[a] - 1) * s.dilation[a] + 1;
     const int64_t padded = s.in[a] + s.pad[a] + (d >= 0 ? pads[rank + d] : 0);
-    TORCH_CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && s.pad[a] >= 0 && padded >= span,
+    CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && s.pad[a] >= 0 && padded >= span,
                       "qlinear_conv: the kernel does not fit the padded input");
     s.out[a] = (padded - span) / s.stride[a] + 1;
   }
@@ -428,17 +429,17 @@ void gather_rows(const T* x, int32_t x_zero, const ConvGeometry& s, int64_t chan
   }
 }
 
-at::Tensor qlinear_conv_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& multiplier,
-                            const std::optional<at::Tensor>& bias, int64_t x_zero, int64_t y_zero,
-                            at::IntArrayRef strides, at::IntArrayRef pads, at::IntArrayRef dilations, int64_t group,
-                            at::ScalarType dtype) {
-  TORCH_CHECK_VALUE(x.is_contiguous() && w.is_contiguous() && w.scalar_type() == at::kShort &&
-                        multiplier.scalar_type() == at::kFloat && multiplier.is_contiguous() && group >= 1 &&
+Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& w, const Tensor& multiplier,
+                            const std::optional<Tensor>& bias, int64_t x_zero, int64_t y_zero,
+                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads, const std::vector<int64_t>& dilations, int64_t group,
+                            ScalarType dtype) {
+  CHECK_VALUE(x.is_contiguous() && w.is_contiguous() && w.scalar_type() == ScalarType::Short &&
+                        multiplier.scalar_type() == ScalarType::Float && multiplier.is_contiguous() && group >= 1 &&
                         x.size(1) % group == 0 && w.size(0) % group == 0 && w.size(1) * group == x.size(1) &&
                         (multiplier.numel() == 1 || multiplier.numel() == w.size(0)),
                     "qlinear_conv: contiguous 8-bit x, int16 w - w_zero_point [M, C / group, kernel] and float32 "
                     "multipliers (one or per output channel) expected");
-  TORCH_CHECK_VALUE(!bias || (bias->scalar_type() == at::kInt && bias->is_contiguous() && bias->numel() == w.size(0)),
+  CHECK_VALUE(!bias || (bias->scalar_type() == ScalarType::Int && bias->is_contiguous() && bias->numel() == w.size(0)),
                     "qlinear_conv: an int32 bias per output channel expected");
   signed_bytes(x);
   const ConvGeometry s = conv_geometry(x, w, strides, pads, dilations);
@@ -446,10 +447,10 @@ at::Tensor qlinear_conv_cpu(const at::Tensor& x, const at::Tensor& w, const at::
   const int64_t taps = channels * s.kernel[0] * s.kernel[1] * s.kernel[2], rows = s.out[0] * s.out[1];
   std::vector<int64_t> shape{N, M};
   for (int64_t d = 0; d < x.dim() - 2; ++d) shape.push_back(s.out[3 - (x.dim() - 2) + d]);
-  at::Tensor out = output(shape, dtype);
-  const int16_t* weights = w.data_ptr<int16_t>();
-  const float* m = multiplier.data_ptr<float>();
-  const int32_t* b = bias ? bias->data_ptr<int32_t>() : nullptr;
+  Tensor out = output(shape, dtype);
+  const int16_t* weights = w.const_data_ptr<int16_t>();
+  const float* m = multiplier.const_data_ptr<float>();
+  const int32_t* b = bias ? bias->const_data_ptr<int32_t>() : nullptr;
   const int64_t m_count = multiplier.numel(), positions = rows * s.out[2];
   const int64_t tile_rows = std::max<int64_t>(1, kConvTile / s.out[2]), tiles = (rows + tile_rows - 1) / tile_rows;
   const float zero = static_cast<float>(y_zero);
@@ -457,9 +458,9 @@ at::Tensor qlinear_conv_cpu(const at::Tensor& x, const at::Tensor& w, const at::
     using X = decltype(in_type);
     with_type(dtype, [&](auto out_type) {
       using Y = decltype(out_type);
-      const X* src = static_cast<const X*>(x.data_ptr());
-      Y* y = static_cast<Y*>(out.data_ptr());
-      at::parallel_for(0, N * group * tiles, 1, [&](int64_t begin, int64_t end) {
+      const X* src = static_cast<const X*>(x.const_data_ptr());
+      Y* y = static_cast<Y*>(out.mutable_data_ptr());
+      torch::stable::parallel_for(0, N * group * tiles, 1, [&](int64_t begin, int64_t end) {
         std::vector<int16_t> column(taps * tile_rows * s.out[2]);
         std::vector<int32_t> acc(tile_rows * s.out[2]);
         for (int64_t task = begin; task < end; ++task) {
@@ -489,23 +490,23 @@ at::Tensor qlinear_conv_cpu(const at::Tensor& x, const at::Tensor& w, const at::
   return out;
 }
 
-at::Tensor qlinear_matmul_cpu(const at::Tensor& a, const at::Tensor& panels, const at::Tensor& column_sums,
-                              const at::Tensor& offsets, const at::Tensor& multiplier,
-                              const std::optional<at::Tensor>& bias, const at::Tensor& numbers) {
+Tensor qlinear_matmul_cpu(const Tensor& a, const Tensor& panels, const Tensor& column_sums,
+                              const Tensor& offsets, const Tensor& multiplier,
+                              const std::optional<Tensor>& bias, const Tensor& numbers) {
   // dtypes, shapes and contiguity as the caller (modules/quantized.py: QLinearMatMul, QGemm) checked them
   const int64_t K = a.size(-1), N = offsets.numel(), m_count = multiplier.numel();
   int64_t M = 1;
   for (int64_t d = 0; d + 1 < a.dim(); ++d) M *= a.size(d);
-  TORCH_CHECK_VALUE(panels.numel() == int8::packed_size(K, N) && numbers.numel() == 3 &&
+  CHECK_VALUE(panels.numel() == int8::packed_size(K, N) && numbers.numel() == 3 &&
                         column_sums.numel() == (int8::by_column(N) ? N : int8::panel_blocks(N) * int8::G * int8::L),
                     "qlinear_matmul: panels not packed by int8_matrix_pack for this a");
-  const int32_t* z = numbers.data_ptr<int32_t>();
+  const int32_t* z = numbers.const_data_ptr<int32_t>();
   const uint8_t flip = signed_bytes(a) ? 0x80 : 0;  // int8 a as uint8: a + 128, its zero point with it
   const int32_t a_zero = z[0] + (flip ? 128 : 0);
   const float zero = static_cast<float>(z[1]);
   // a's rows as uint8, padded to whole groups of four, and their sums
   int8::Quantized rows(M, K);
-  const uint8_t* src = static_cast<const uint8_t*>(a.data_ptr());
+  const uint8_t* src = static_cast<const uint8_t*>(a.const_data_ptr());
   for (int64_t i = 0; i < M; ++i) {
     uint8_t* dst = rows.q.data() + i * rows.lda;
     int32_t sum = 0;
@@ -513,18 +514,18 @@ at::Tensor qlinear_matmul_cpu(const at::Tensor& a, const at::Tensor& panels, con
     rows.sums[i] = sum;
   }
   std::vector<int32_t> offset(int8::panel_blocks(N) * int8::G * int8::L, 0);  // padded to whole blocks
-  std::copy(offsets.data_ptr<int32_t>(), offsets.data_ptr<int32_t>() + N, offset.begin());
-  const float* m = multiplier.data_ptr<float>();
-  const int32_t* b = bias ? bias->data_ptr<int32_t>() : nullptr;
-  std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end());
+  std::copy(offsets.const_data_ptr<int32_t>(), offsets.const_data_ptr<int32_t>() + N, offset.begin());
+  const float* m = multiplier.const_data_ptr<float>();
+  const int32_t* b = bias ? bias->const_data_ptr<int32_t>() : nullptr;
+  std::vector<int64_t> shape = sizes_of(a);
   shape.back() = N;
-  const at::ScalarType dtype = z[2] ? at::kChar : at::kByte;
-  at::Tensor out = output(shape, dtype);
+  const ScalarType dtype = z[2] ? ScalarType::Char : ScalarType::Byte;
+  Tensor out = output(shape, dtype);
   with_type(dtype, [&](auto type) {
     using T = decltype(type);
-    T* y = static_cast<T*>(out.data_ptr());
-    int8::products(rows, M, K, int8::by_column(N), static_cast<const int8_t*>(panels.data_ptr()),
-                   column_sums.data_ptr<int32_t>(), N, offset.data(), [a_zero](int64_t) { return a_zero; },
+    T* y = static_cast<T*>(out.mutable_data_ptr());
+    int8::products(rows, M, K, int8::by_column(N), static_cast<const int8_t*>(panels.const_data_ptr()),
+                   column_sums.const_data_ptr<int32_t>(), N, offset.data(), [a_zero](int64_t) { return a_zero; },
                    [&](int64_t i, int64_t j0, int8::I exact, int count) {
                      for (int l = 0; l < count; ++l) {
                        const int64_t j = j0 + l;
@@ -541,7 +542,7 @@ at::Tensor qlinear_matmul_cpu(const at::Tensor& a, const at::Tensor& panels, con
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("requantize(Tensor acc, Tensor multiplier, Tensor? bias, int zero_point, ScalarType dtype, int inner) -> "
         "Tensor");
   m.def("qlinear_add(Tensor x, Tensor y, float x_ratio, float y_ratio, float offset) -> Tensor");
@@ -558,16 +559,16 @@ TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
-  m.impl("requantize", &requantize_cpu);
-  m.impl("qlinear_add", &qlinear_add_cpu);
-  m.impl("qlinear_mul", &qlinear_mul_cpu);
-  m.impl("qlinear_lookup", &qlinear_lookup_cpu);
-  m.impl("qlinear_conv", &qlinear_conv_cpu);
-  m.impl("qlinear_matmul", &qlinear_matmul_cpu);
-  m.impl("qlinear_average_pool", &qlinear_average_pool_cpu);
-  m.impl("qlinear_global_average_pool", &qlinear_global_average_pool_cpu);
-  m.impl("qlinear_softmax", &qlinear_softmax_cpu);
+STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
+  m.impl("requantize", TORCH_BOX(&requantize_cpu));
+  m.impl("qlinear_add", TORCH_BOX(&qlinear_add_cpu));
+  m.impl("qlinear_mul", TORCH_BOX(&qlinear_mul_cpu));
+  m.impl("qlinear_lookup", TORCH_BOX(&qlinear_lookup_cpu));
+  m.impl("qlinear_conv", TORCH_BOX(&qlinear_conv_cpu));
+  m.impl("qlinear_matmul", TORCH_BOX(&qlinear_matmul_cpu));
+  m.impl("qlinear_average_pool", TORCH_BOX(&qlinear_average_pool_cpu));
+  m.impl("qlinear_global_average_pool", TORCH_BOX(&qlinear_global_average_pool_cpu));
+  m.impl("qlinear_softmax", TORCH_BOX(&qlinear_softmax_cpu));
 }
 
 }  // namespace onnx2torch_rnn
