@@ -1,8 +1,7 @@
 """The package's build (metadata: pyproject.toml). Where torch can be imported (the documented wheel build: README,
 Installation, `pip wheel --no-build-isolation`), the native kernel's libraries are compiled too, once per CPU variant
-(onnx2torch_rnn/recurrent/kernel/build.py), against that torch, into the wheel: the recurrent library against its
-stable ABI (it runs under every torch from build.STABLE_ABI on), the int8 one against its full C++ API (it runs under
-that torch version only; another one builds it on first use). Without torch (an isolated build, an editable
+(onnx2torch_rnn/recurrent/kernel/build.py), against that torch's stable ABI, into the wheel: they run under every
+torch from build.STABLE_ABI on. Without torch (an isolated build, an editable
 install) the package carries the kernel's sources only, and the kernel is built on first use."""
 
 import copy
@@ -26,7 +25,6 @@ def kernel_build():
 
 def kernel_extensions() -> dict:
     try:
-        import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
         print("setup.py: torch is not importable here: the native kernel ships as sources (built on first use)",
@@ -45,12 +43,12 @@ def kernel_extensions() -> dict:
         print("setup.py: no prebuilt kernel for this platform (built on first use)", file=sys.stderr)
         return {}
     # no Python in the library (loaded with torch.ops.load_library): one wheel for every Python the package allows
-    extensions = [CppExtension(".".join([*KERNEL.parts, build.library_name(library, variant, torch.__version__)]),
+    extensions = [CppExtension(".".join([*KERNEL.parts, build.library_name(library, variant)]),
                                [str(KERNEL / source) for source in sources],
-                               extra_compile_args=[*build.flags(variant, library), "-g0"],
+                               extra_compile_args=[*build.flags(variant), "-g0"],
                                extra_link_args=[*build.LINK_FLAGS, "-s"],
                                py_limited_api=True)
-                  for library, sources, _ in build.LIBRARIES for variant in build.variants()]
+                  for library, sources in build.LIBRARIES for variant in build.variants()]
     return {"ext_modules": extensions,
             "cmdclass": {"build_ext": Build.with_options(no_python_abi_suffix=True)},
             "options": {"build_ext": {"parallel": os.cpu_count() or 1}, "bdist_wheel": {"py_limited_api": "cp311"}}}

@@ -6,8 +6,8 @@
 # CUDA build, with its nvidia-* wheels, about 5 GB), builds the native kernel and runs pytest (extra arguments go to pytest).
 # KERNEL_WHEEL=dist/onnx2torch_rnn-...whl (CI: the one scripts/check_wheel.sh built with .venv's torch): the kernel's
 # prebuilt libraries come from that wheel, put into the checkout's kernel folder for the run (where an in-place build
-# would put them), and the stable-ABI one must load from there (not be built here): one wheel for every torch from
-# its stable ABI on. The int8 library, built for the wheel's torch only, is built here on first use.
+# would put them), and both (PyTorch's stable ABI) must load from there, not be built here: one wheel for every
+# torch from its stable ABI on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_version=${1:?usage: check_versions.sh PYTHON_VERSION TORCH_VERSION [pytest args...]}
@@ -34,6 +34,8 @@ from onnx2torch_rnn.recurrent import kernel
 print('native recurrent kernel:', kernel.variant() if kernel.load() else 'NOT built (the Python path will run)',
       *(f'{library}: {kernel.library(library)}' for library in ('recurrent', 'int8')))
 if os.environ.get('KERNEL_WHEEL'):
-    assert kernel.library() == str(kernel.prebuilt(kernel.variant())), "the wheel's stable-ABI library did not load"
+    for library in ('recurrent', 'int8'):
+        assert kernel.library(library) == str(kernel.prebuilt(kernel.variant(), library)), \
+            f"the wheel's {library} library did not load"
 PY
 "$venv/bin/python" -m pytest -n 2 -q "$@"

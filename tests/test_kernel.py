@@ -59,7 +59,7 @@ def test_the_loaded_variant_is_the_chosen_one():
     """variant() names what runs: ONNX2TORCH_RNN_CPU's variant (CI runs these tests under each this CPU can), else
     the best this CPU runs; library() the file it came from."""
     assert kernel.variant() == kernel.chosen()
-    for library, _, _ in build.LIBRARIES:
+    for library, _ in build.LIBRARIES:
         assert Path(kernel.library(library)).is_file()
         prebuilt = kernel.prebuilt(kernel.variant(), library)
         if prebuilt and prebuilt.exists():
@@ -67,17 +67,17 @@ def test_the_loaded_variant_is_the_chosen_one():
 
 
 def test_a_prebuilt_library_loads_where_its_abi_does(monkeypatch):
-    """The stable-ABI library of a wheel is named by the stable ABI it targets and loads in every torch from that one
-    on (an older one builds it on first use); the other one is named by the torch it was built with, its only one."""
+    """A wheel's libraries (both on PyTorch's stable ABI) are named by the stable ABI they target and load in every
+    torch from that one on (an older one builds them on first use)."""
     major, minor = build.STABLE_ABI
-    assert build.stable("recurrent") and not build.stable("int8")
-    assert kernel.prebuilt("avx2", "recurrent").name == f"recurrent_avx2_abi{major}_{minor}.so"
-    monkeypatch.setattr(torch, "__version__", f"{major}.{minor + 1}.1+cu130")
-    assert kernel.prebuilt("avx2", "recurrent").name == f"recurrent_avx2_abi{major}_{minor}.so"
-    assert kernel.prebuilt("avx2", "int8").name == f"int8_avx2_torch{major}_{minor + 1}_1_cu130.so"
-    monkeypatch.setattr(torch, "__version__", f"{major}.{minor - 1}.0")
-    assert kernel.prebuilt("avx2", "recurrent") is None
-    assert build.flags("avx2", "recurrent")[-1] == f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"
+    for library in ("recurrent", "int8"):
+        assert kernel.prebuilt("avx2", library).name == f"{library}_avx2_abi{major}_{minor}.so"
+        monkeypatch.setattr(torch, "__version__", f"{major}.{minor + 1}.1+cu130")
+        assert kernel.prebuilt("avx2", library).name == f"{library}_avx2_abi{major}_{minor}.so"
+        monkeypatch.setattr(torch, "__version__", f"{major}.{minor - 1}.0")
+        assert kernel.prebuilt("avx2", library) is None
+        monkeypatch.undo()
+    assert build.flags("avx2")[-1] == f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"
 
 
 AVX512 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}

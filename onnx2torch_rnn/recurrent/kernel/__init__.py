@@ -1,17 +1,16 @@
 """The native CPU kernel of the recurrent op: loaded once per process and registered as the op's CPU
 implementation, in the variant this CPU runs best.
 
-The kernel is two libraries (build.py: LIBRARIES): ``recurrent``, built against PyTorch's stable ABI, and ``int8``,
-built against torch's full C++ API. Each is compiled for several CPU variants (build.py: AVX-512, AVX2+FMA, baseline
-x86-64); ``load()`` picks the best one this CPU supports, or the one ``ONNX2TORCH_RNN_CPU`` names, and loads each
-library, first found first:
-- the prebuilt library of a wheel built with the kernel (setup.py) that the running torch can load: the stable one
-  in every torch from build.STABLE_ABI on, the other one in the torch it was built against;
+The kernel is two libraries (build.py: LIBRARIES), ``recurrent`` and ``int8``, both built against PyTorch's stable
+ABI. Each is compiled for several CPU variants (build.py: AVX-512, AVX2+FMA, baseline x86-64); ``load()`` picks the
+best one this CPU supports, or the one ``ONNX2TORCH_RNN_CPU`` names, and loads each library, first found first:
+- the prebuilt library of a wheel built with the kernel (setup.py), in every torch from build.STABLE_ABI on;
 - else a build on first use: the sources compiled with torch.utils.cpp_extension (ninja) into torch's extension
   cache, under a name that holds a hash of the sources, their folder, the flags and torch's version (another
   version of the sources never reuses a stale build).
-``recurrent`` implements on CPU the ops that ``onnx2torch_rnn::recurrent`` runs (recurrent/op.py), ``int8``
-``onnx2torch_rnn::dynamic_quantize_lstm`` and the int8 helpers that modules/quantized.py calls in eager inference.
+``recurrent`` implements on CPU the ops that ``onnx2torch_rnn::recurrent`` runs (recurrent/op.py), ``int8`` those
+that ``onnx2torch_rnn::dynamic_quantize_lstm`` runs and the int8 helpers that modules/quantized.py calls in eager
+inference (their packed weights kept in Python: recurrent/op.py's PACKS).
 A library that cannot load (no compiler), or every one with ``ONNX2TORCH_RNN_NATIVE=0``, registers nothing, a
 warning says why once, and its ops run their Python implementations (recurrent/runtime.py, modules/quantized.py),
 which compute the same numbers. ``variant()`` says which variant runs and ``library()`` from where.
@@ -81,7 +80,7 @@ def _name(variant: str, library: str = "recurrent") -> str:
         digest.update(path.read_bytes())
     # the sources' folder too: torch's build file names the source path, so two checkouts (or venvs) of the same
     # sources sharing one build folder would rebuild each time the other had built
-    digest.update(" ".join([*build.flags(variant, library), torch.__version__, str(FOLDER)]).encode())
+    digest.update(" ".join([*build.flags(variant), library, torch.__version__, str(FOLDER)]).encode())
     return f"onnx2torch_rnn_{library}_{variant}_{digest.hexdigest()[:16]}"
 
 
@@ -99,7 +98,7 @@ def _attempt() -> tuple[str | None, dict[str, str]]:
         logger.info("native recurrent kernel disabled by %s=0", ENVIRONMENT)
         return None, {}
     name = chosen()
-    paths = {library: path for library, _, _ in build.LIBRARIES if (path := _try_load(name, library))}
+    paths = {library: path for library, _ in build.LIBRARIES if (path := _try_load(name, library))}
     return name, paths
 
 
@@ -123,11 +122,11 @@ def torch_version() -> tuple[int, int]:
 
 
 def prebuilt(variant: str, library: str = "recurrent") -> Path | None:
-    """Where a wheel's library of this variant lies (setup.py builds it there), if the running torch can load it:
-    a stable one from build.STABLE_ABI on, another one in the torch it was built against (its name)."""
-    if build.stable(library) and torch_version() < build.STABLE_ABI:
+    """Where a wheel's library of this variant lies (setup.py builds it there), if the running torch can load it
+    (build.STABLE_ABI or later)."""
+    if torch_version() < build.STABLE_ABI:
         return None
-    return FOLDER / f"{build.library_name(library, variant, torch.__version__)}.so"
+    return FOLDER / f"{build.library_name(library, variant)}.so"
 
 
 def _try_load(variant: str, library: str) -> str | None:
@@ -136,12 +135,12 @@ def _try_load(variant: str, library: str) -> str | None:
     if path and path.exists():
         torch.ops.load_library(str(path))
         return str(path)
-    sources = next(sources for name, sources, _ in build.LIBRARIES if name == library)
+    sources = next(sources for name, sources in build.LIBRARIES if name == library)
     try:
         from torch.utils import cpp_extension
 
         built = cpp_extension.load(_name(variant, library), [str(FOLDER / source) for source in sources],
-                                   extra_cflags=build.flags(variant, library), extra_ldflags=list(build.LINK_FLAGS),
+                                   extra_cflags=build.flags(variant), extra_ldflags=list(build.LINK_FLAGS),
                                    is_python_module=False, verbose=logger.isEnabledFor(logging.DEBUG))
     except Exception as error:  # no compiler, no ninja, a failed build: the Python implementation runs instead
         warnings.warn(f"onnx2torch_rnn: the native kernel's {library} library could not be built "

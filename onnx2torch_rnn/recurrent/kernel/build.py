@@ -8,18 +8,17 @@ exists) and by setup.py (every variant, into the wheel), which loads this file a
 from __future__ import annotations
 
 import platform
-import re
 
-# The libraries, each compiled from its sources into every variant: (name, sources, built against PyTorch's stable
-# ABI). A stable library (torch/csrc/stable only) serves every torch from STABLE_ABI on; another one would serve only
-# the torch it was built with (another one builds it on first use). Add a new .cpp file to one of them.
-LIBRARIES = (("recurrent", ("recurrent.cpp",), True),
+# The libraries, each compiled from its sources into every variant: (name, sources). Both are built against PyTorch's
+# stable ABI (torch/csrc/stable only: TORCH_STABLE_ONLY in each source), so one build serves every torch from
+# STABLE_ABI on. Add a new .cpp file to one of them.
+LIBRARIES = (("recurrent", ("recurrent.cpp",)),
              ("int8", ("dynamic_quantize_lstm.cpp", "quantized_ops.cpp", "conv_integer.cpp", "quantize_linear.cpp",
-                       "qlinear.cpp"), True))
-SOURCES = tuple(source for _, sources, _ in LIBRARIES for source in sources)
+                       "qlinear.cpp")))
+SOURCES = tuple(source for _, sources in LIBRARIES for source in sources)
 HEADERS = ("config.h", "vec.h", "int8.h")  # included by them: they count in the first-use build's name, ship in wheels
-# The stable ABI the stable libraries target (TORCH_TARGET_VERSION; pyproject's lowest torch): they load in this
-# torch and every later one, and are not loaded by an older one (which builds them on first use).
+# The stable ABI the libraries target (TORCH_TARGET_VERSION; pyproject's lowest torch): they load in this torch and
+# every later one, and are not loaded by an older one (which builds them on first use).
 STABLE_ABI = (2, 13)
 # -fopenmp: at::parallel_for is inline OpenMP code, serial without it; the OpenMP runtime it binds to at load time
 # is the libgomp.so.1 torch has already loaded (same soname), so there is one thread pool.
@@ -47,19 +46,11 @@ def variants() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     return {name: (flags, needs) for name, flags, needs in (X86_VARIANTS if x86 else OTHER_VARIANTS)}
 
 
-def stable(library: str) -> bool:
-    return next(is_stable for name, _, is_stable in LIBRARIES if name == library)
-
-
-def flags(variant: str, library: str) -> list[str]:
+def flags(variant: str) -> list[str]:
     major, minor = STABLE_ABI
-    target = [f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"] if stable(library) else []
-    return [*COMMON_FLAGS, *variants()[variant][0], *target]
+    return [*COMMON_FLAGS, *variants()[variant][0], f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"]
 
 
-def library_name(library: str, variant: str, torch_version: str) -> str:
-    """A prebuilt library's name (without .so): a stable one's says the stable ABI it needs, another's the torch it
-    was built against, the only one it runs under."""
-    if stable(library):
-        return f"{library}_{variant}_abi{STABLE_ABI[0]}_{STABLE_ABI[1]}"
-    return f"{library}_{variant}_torch{re.sub(r'[^0-9A-Za-z]', '_', torch_version)}"
+def library_name(library: str, variant: str) -> str:
+    """A prebuilt library's name (without .so): it says the stable ABI it needs."""
+    return f"{library}_{variant}_abi{STABLE_ABI[0]}_{STABLE_ABI[1]}"
