@@ -1105,14 +1105,44 @@ def onnxruntime_sigmoid(x: Tensor) -> Tensor:
     """onnxruntime's Sigmoid: MLAS's for float32 (the native kernel's where it runs), torch's for the other types."""
     if x.dtype != torch.float32:
         return torch.sigmoid(x)
-    return _NATIVE.mlas_logistic(x) if native(x) else mlas_logistic(x)
+    if native(x):
+        return _NATIVE.mlas_logistic(x)
+    return _MLAS_ACTIVATION(x, "logistic") if _opaque(x) else mlas_logistic(x)
 
 
 def onnxruntime_tanh(x: Tensor) -> Tensor:
     """onnxruntime's Tanh: MLAS's for float32 (the native kernel's where it runs), torch's for the other types."""
     if x.dtype != torch.float32:
         return torch.tanh(x)
-    return _NATIVE.mlas_tanh(x) if native(x) else mlas_tanh(x)
+    if native(x):
+        return _NATIVE.mlas_tanh(x)
+    return _MLAS_ACTIVATION(x, "tanh") if _opaque(x) else mlas_tanh(x)
+
+
+def _opaque(x: Tensor) -> bool:
+    """Whether a compiled graph calls MLAS's activation as one op (``mlas_activation``): on CPU, without grad (the op
+    has no derivative; the emulation traced step by step has), not exporting (an exported program keeps plain ops:
+    to_onnx writes them)."""
+    return (torch.compiler.is_compiling() and not torch.compiler.is_exporting() and x.is_cpu
+            and not needs_grad((x,)))
+
+
+@torch.library.custom_op("onnx2torch_rnn::mlas_activation", mutates_args=())
+def mlas_activation(x: Tensor, name: str) -> Tensor:
+    """MLAS's "tanh" or "logistic" of a float32 tensor as one op, for torch.compile: traced, the rational
+    approximation is a dozen ops over the whole tensor (compiled text2tashkeel's attention). The native kernel's
+    where it is built, else the emulation here."""
+    if kernel.load("int8"):
+        return (_NATIVE.mlas_tanh if name == "tanh" else _NATIVE.mlas_logistic)(x.contiguous())
+    return (mlas_tanh if name == "tanh" else mlas_logistic)(x)
+
+
+@mlas_activation.register_fake
+def _(x: Tensor, name: str) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+_MLAS_ACTIVATION = torch.ops.onnx2torch_rnn.mlas_activation.default
 
 
 _TANH_P = _float32(-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,  # alpha_13 ... alpha_1

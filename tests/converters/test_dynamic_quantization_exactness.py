@@ -92,6 +92,30 @@ def test_activations_upstream_of_a_dynamic_quantizer_are_onnxruntimes(op):
     assert [m.fn for m in module.modules() if hasattr(m, "fn")][:1] == [exact]
 
 
+@pytest.mark.parametrize("op", ["Tanh", "Sigmoid"])
+def test_compiled_activations_upstream_of_a_dynamic_quantizer_are_one_op(op):
+    """torch.compile (fullgraph) calls MLAS's activation as one op (mlas_activation: its rational approximation
+    traced step by step was a dozen ops over the tensor), with eager's numbers bit for bit, quantized outputs too."""
+    x = (np.random.default_rng(1).standard_normal(4096) * 4).astype(np.float32)
+    x[:4] = [1e30, -0.0, 9.0, -30.0]
+    module = onnx2torch_rnn.convert(_model(op))
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(module, backend=backend, fullgraph=True)(torch.from_numpy(x))
+        eager = module(torch.from_numpy(x))
+    targets = [n.target for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.onnx2torch_rnn.mlas_activation.default in targets
+    assert torch.addcmul not in targets  # the approximation's Horner steps are not in the graph
+    for c, e in zip(compiled, eager, strict=True):
+        assert torch.equal(c, e)
+
+
 def test_check_names_a_flipped_quantization_step():
     """A float input one ulp above onnxruntime's, on a value whose quotient by the scale is a half: the uint8 output
     rounds to the other step, and the bisect says so, naming the op whose output is off in its last bit."""
