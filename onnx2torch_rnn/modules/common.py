@@ -29,9 +29,9 @@ def trunc_div(a, b):
     return quotient if same_sign else -quotient
 
 
-def kept_geometry(module: Module, key: tuple, make):
+def kept_geometry(module: nn.Module, key: tuple, make):
     """``make()`` (a window geometry: Python numbers from sizes), kept per ``key`` between the module's eager calls
-    (never while compiling or tracing: the callers check)."""
+    (never while compiling or tracing, where sizes may be symbolic: callers compute it then)."""
     kept = module.__dict__.setdefault("_geometries", {})
     value = kept.get(key)
     if value is None:
@@ -39,6 +39,11 @@ def kept_geometry(module: Module, key: tuple, make):
             kept.clear()
         value = kept[key] = make()
     return value
+
+
+def eager() -> bool:
+    """Whether this is a plain eager call: not compiling, exporting or tracing (sizes are Python ints)."""
+    return not torch.compiler.is_compiling() and not torch.jit.is_tracing()
 
 
 def attributes_repr(module: nn.Module, names: Sequence[str]) -> str:

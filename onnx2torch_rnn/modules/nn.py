@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..torch_compat import known_true
-from .common import Module, attributes_repr, ceil_div, kept_geometry, trunc_div
+from .common import Module, attributes_repr, ceil_div, eager, kept_geometry, trunc_div
 from .shape import ints
 
 CONV = MappingProxyType({1: F.conv1d, 2: F.conv2d, 3: F.conv3d})
@@ -41,7 +41,7 @@ def pad(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], mode: str =
     """
     if mode == "constant":
         flat = [amount for b, e in zip(reversed(begins), reversed(ends), strict=True) for amount in (b, e)]
-        if all(known_true(a == 0) for a in flat):
+        if all(type(a) is int and a == 0 for a in flat) or all(known_true(a == 0) for a in flat):
             return x
         if x.dtype == torch.bool:  # F.pad has no bool kernel
             return F.pad(x.to(torch.uint8), flat, value=int(bool(value))).to(torch.bool)
@@ -256,6 +256,13 @@ class _Pool(Module):
             auto_pad, ceil_mode, dilations, pads, strides)
 
     def _geometry(self, x):
+        """(geometry, strides, dilations, head pads, tail pads) per spatial axis; kept per input shape in eager
+        calls."""
+        if eager():
+            return kept_geometry(self, ("pool", x.shape), lambda: self._compute_geometry(x))
+        return self._compute_geometry(x)
+
+    def _compute_geometry(self, x):
         n = len(self.kernel_shape)
         strides, dilations = per_axis(self.strides, n, 1), per_axis(self.dilations, n, 1)
         sizes = list(x.shape[2:])
@@ -333,7 +340,7 @@ class MaxPool(_Pool):
         n = len(self.kernel_shape)
         if not (x.dtype.is_floating_point or (n == 2 and x.dtype in (torch.uint8, torch.int8) and x.is_cpu)):
             return None
-        strides, dilations, begins, ends = kept_geometry(self, x.shape, lambda: self._geometry(x)[1:])
+        strides, dilations, begins, ends = self._geometry(x)[1:]  # kept per input shape
         if begins.count(0) + ends.count(0) < 2 * n:
             lowest = torch.finfo(x.dtype).min if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
             x = pad(x, [0, 0, *begins], [0, 0, *ends], value=lowest)

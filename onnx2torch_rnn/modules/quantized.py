@@ -465,13 +465,20 @@ class QLinearConv(Conv, _Folded):
 
     def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                 y_zero_point=None, B=None):
+        if self.folded and x.dtype in BYTES and native(x):  # the converter's case: one lookup, one call
+            numbers = kept_geometry(self, (x.shape, x.dtype), lambda: self._numbers(x, self.folded_values({})[0]))
+            if numbers is not None:
+                buffers = buffer_dict(self)
+                return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), buffers["w_shifted"],
+                                                    buffers["multiplier"], buffers["B"], numbers)
         v, multiplier, zero = self.folded_values(dict(x_scale=x_scale, x_zero_point=x_zero_point, w=w,
                                                       w_scale=w_scale, w_zero_point=w_zero_point, y_scale=y_scale,
                                                       y_zero_point=y_zero_point, B=B))
         multiplier = _conv_multiplier(**v) if multiplier is None else multiplier
         w, B, dtype = v["w"], v["B"], v["y_zero_point"].dtype
-        if (y := self._native(x, v, multiplier, zero)) is not None:
-            return y
+        if x.dtype in BYTES and native(x) and (numbers := self._numbers(x, v, multiplier, zero)) is not None:
+            shifted = buffer_dict(self)["w_shifted"] if self.folded else shifted_weight(w, v["w_zero_point"])
+            return _NATIVE.qlinear_conv.default(x.contiguous(), shifted, multiplier.reshape(-1), B, numbers)
         acc = native_conv(self, x, w, v["x_zero_point"], v["w_zero_point"])  # int32
         if acc is None:
             acc = integer_conv(self, x, w, v["x_zero_point"], v["w_zero_point"]).double()
@@ -479,23 +486,26 @@ class QLinearConv(Conv, _Folded):
             acc = acc + _channel(B.to(acc.dtype), acc.dim())
         return requantize(acc, _channel(multiplier, acc.dim()), v["y_zero_point"], dtype)
 
-    def _native(self, x: Tensor, v: dict, multiplier: Tensor, zero: Tensor | int) -> Tensor | None:
-        """The node by the native kernel's qlinear_conv (recurrent/kernel/qlinear.cpp) where it takes it (8-bit,
-        1-3 spatial axes, x's zero point one value, w's one or per output channel, an int32 bias), else None."""
+    def _numbers(self, x: Tensor, v: dict, multiplier: Tensor | None = None, zero=None) -> Tensor | None:
+        """The native kernel's qlinear_conv numbers (recurrent/kernel/qlinear.cpp: zero points, output type, group,
+        geometry) where it takes this node (8-bit, 1-3 spatial axes, x's zero point one value, w's one or per output
+        channel, an int32 bias), else None. Folded: computed once per input shape (the multiplier a buffer)."""
+        if multiplier is None:
+            multiplier, zero = buffer_dict(self)["multiplier"], self.y_zero
         w, x_zero_point, w_zero_point, B = v["w"], v["x_zero_point"], v["w_zero_point"], v["B"]
         dtype = v["y_zero_point"].dtype
-        if not (x.dtype in BYTES and w.dtype in BYTES and dtype in BYTES and 3 <= x.dim() <= 5 and w.dim() == x.dim()
+        if not (w.dtype in BYTES and dtype in BYTES and 3 <= x.dim() <= 5 and w.dim() == x.dim()
                 and (x_zero_point is None or x_zero_point.numel() == 1) and multiplier.dtype == torch.float32
                 and (w_zero_point is None or w_zero_point.numel() in (1, w.shape[0]))
-                and multiplier.numel() in (1, w.shape[0]) and (B is None or B.dtype == torch.int32) and native(x)):
+                and multiplier.numel() in (1, w.shape[0]) and (B is None or B.dtype == torch.int32)
+                and (not self.folded or multiplier.dim() <= 1)):
             return None
-        strides, dilations, begins, ends = kept_geometry(self, (x.shape, w.shape), lambda: self.geometry(x, w))
+        strides, dilations, begins, ends = self.geometry(x, w)
         if min(begins + ends) < 0:
             return None
-        shifted = buffer_dict(self)["w_shifted"] if self.folded else shifted_weight(w, w_zero_point)
         x_zero = 0 if x_zero_point is None else int(x_zero_point)
-        return _NATIVE.qlinear_conv.default(x.contiguous(), shifted, multiplier.reshape(-1), B, x_zero, int(zero),
-                                            strides, begins + ends, dilations, self.group, dtype)
+        return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), self.group, *strides, *begins, *ends,
+                             *dilations], dtype=torch.int64)
 
 
 def shifted_weight(w: Tensor, zero_point: Tensor | None) -> Tensor:
@@ -910,10 +920,9 @@ class QLinearAveragePool(AveragePool):
             x = x.movedim(-1, 1)
         if dtype in BYTES and 3 <= x.dim() <= 5 and native(x) and _per_tensor_parameters(x_scale, x_zero_point,
                                                                                         y_scale, y_zero_point):
-            strides, begins, out = kept_geometry(self, x.shape, lambda: self._window(x))
             numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
-            y = _NATIVE.qlinear_average_pool.default(x.contiguous(), self.kernel_shape, strides, begins, out, *numbers,
-                                                     bool(self.count_include_pad))
+            geometry = kept_geometry(self, (x.shape, numbers[1], numbers[3]), lambda: self._window(x, numbers))
+            y = _NATIVE.qlinear_average_pool.default(x.contiguous(), geometry, numbers[0], numbers[2])
             return y.movedim(1, -1) if self.channels_last else y
         geometry, strides, _, begins, ends = self._geometry(x)
         padded = pad(dequantize(x, x_scale, x_zero_point), [0, 0, *begins], [0, 0, *ends])
@@ -932,10 +941,12 @@ class QLinearAveragePool(AveragePool):
         y = saturate(value, dtype)
         return y.movedim(1, -1) if self.channels_last else y
 
-    def _window(self, x: Tensor) -> tuple[list[int], list[int], list[int]]:
-        """(strides, head pads, output sizes) per spatial axis: what the native pooling takes."""
+    def _window(self, x: Tensor, numbers: tuple) -> Tensor:
+        """The native pooling's numbers: zero points, count_include_pad, then per spatial axis the kernel, strides,
+        head pads and output sizes."""
         geometry, strides, _, begins, _ = self._geometry(x)
-        return strides, begins, [out for _, _, out in geometry]
+        return torch.tensor([numbers[1], numbers[3], int(bool(self.count_include_pad)), *self.kernel_shape, *strides,
+                             *begins, *[out for _, _, out in geometry]], dtype=torch.int64)
 
 
 class QLinearSoftmax(Module):

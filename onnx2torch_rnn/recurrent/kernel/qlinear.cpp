@@ -14,8 +14,10 @@
 //   qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor
 //       MLAS's QLinearMul: convert(float32((a - a_zero) * (b - b_zero)) * ratio + c_zero), broadcast as qlinear_add
 //   qlinear_lookup(Tensor x, Tensor table) -> Tensor          table[x - lowest] (256 values of the output type)
-//   qlinear_conv(Tensor x, Tensor w, Tensor multiplier, Tensor? bias, int x_zero, int y_zero, int[] strides,
-//                int[] pads, int[] dilations, int group, ScalarType dtype) -> Tensor
+//   qlinear_conv(Tensor x, Tensor w, Tensor multiplier, Tensor? bias, Tensor numbers) -> Tensor
+//       numbers: int64 [x_zero, y_zero, 1 for an int8 output (else uint8), group, strides, pads (begins, ends),
+//       dilations] (per spatial axis; one tensor the module keeps per input shape: numbers and lists are boxed at
+//       every call of an op, a tensor is passed as it is).
 //       QLinearConv: the exact convolution of x - x_zero (8-bit, [N, C, 1-3 spatial], padding 0 after the shift) by
 //       w - w_zero_point (int16, computed once by Python), plus the int32 bias, requantized as `requantize` per
 //       output channel. im2col by whole output rows, then each channel's sums over the taps (vectorised)
@@ -25,8 +27,9 @@
 //       of 8-bit a [..., K] by b packed once by int8_matrix_pack (offsets [N] int32: 128 for uint8 b, minus b's zero
 //       point per column), requantized as `requantize` with the int32 bias [N] and the multiplier [1] or [N];
 //       numbers: int32 [a_zero, y_zero, 1 for an int8 output (else uint8)]
-//   qlinear_average_pool(Tensor x, int[] kernel, int[] strides, int[] begins, int[] out, float x_scale, int x_zero,
-//                        float y_scale, int y_zero, bool count_include_pad) -> Tensor
+//   qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor
+//       numbers: int64 [x_zero, y_zero, count_include_pad, kernel, strides, begins, out] (per spatial axis; kept as
+//       qlinear_conv's).
 //       x [N, C, 1-3 spatial]: each window's dequantized taps summed in row-major order in float32 (taps in the
 //       padding skipped: they add +0), divided by its count, by y_scale, plus y_zero, rounded, saturated
 //   qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero,
@@ -234,31 +237,49 @@ struct Window {  // three spatial axes (missing ones of size 1)
   int64_t in[3], out[3], kernel[3], stride[3], begin[3];
 };
 
-Window window(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides, const std::vector<int64_t>& begins,
-              const std::vector<int64_t>& out) {
+// The int64 numbers of an op's call: their count checked once, then read one by one.
+struct Numbers {
+  const int64_t* p;
+  int64_t size;
+
+  Numbers(const Tensor& t, const char* op) : p(nullptr), size(t.numel()) {
+    CHECK_VALUE(t.scalar_type() == ScalarType::Long && t.is_contiguous(), op, ": contiguous int64 numbers expected");
+    p = t.const_data_ptr<int64_t>();
+  }
+  void expect(int64_t count, const char* op) const {
+    CHECK_VALUE(size == count, op, ": ", count, " numbers expected, got ", size);
+  }
+  // value `d` of the per-axis list at `first` for axis a of three (missing axes: `absent`)
+  int64_t axis(int64_t first, int64_t rank, int a, int64_t absent) const {
+    const int64_t d = a - (3 - rank);
+    return d >= 0 ? p[first + d] : absent;
+  }
+};
+
+Window window(const Tensor& x, const Numbers& n) {
   const int64_t rank = x.dim() - 2;
-  CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous() && static_cast<int64_t>(kernel.size()) == rank &&
-                        static_cast<int64_t>(strides.size()) == rank && static_cast<int64_t>(begins.size()) == rank &&
-                        static_cast<int64_t>(out.size()) == rank, "qlinear_average_pool: x [N, C, 1-3 spatial axes] "
-                    "and a kernel, strides, head pads and output size per spatial axis expected");
+  CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous(), "qlinear_average_pool: x [N, C, 1-3 spatial axes] "
+              "expected");
+  n.expect(3 + 4 * rank, "qlinear_average_pool");
   Window w;
   for (int a = 0; a < 3; ++a) {
     const int64_t d = a - (3 - rank);
     w.in[a] = d >= 0 ? x.size(2 + d) : 1;
-    w.kernel[a] = d >= 0 ? kernel[d] : 1;
-    w.stride[a] = d >= 0 ? strides[d] : 1;
-    w.begin[a] = d >= 0 ? begins[d] : 0;
-    w.out[a] = d >= 0 ? out[d] : 1;
+    w.kernel[a] = n.axis(3, rank, a, 1);
+    w.stride[a] = n.axis(3 + rank, rank, a, 1);
+    w.begin[a] = n.axis(3 + 2 * rank, rank, a, 0);
+    w.out[a] = n.axis(3 + 3 * rank, rank, a, 1);
   }
   return w;
 }
 
-Tensor qlinear_average_pool_cpu(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
-                                    const std::vector<int64_t>& begins, const std::vector<int64_t>& out_sizes, double x_scale, int64_t x_zero,
-                                    double y_scale, int64_t y_zero, bool count_include_pad) {
-  const Window w = window(x, kernel, strides, begins, out_sizes);
+Tensor qlinear_average_pool_cpu(const Tensor& x, const Tensor& numbers, double x_scale, double y_scale) {
+  const Numbers n(numbers, "qlinear_average_pool");
+  const Window w = window(x, n);
+  const int64_t rank = x.dim() - 2, x_zero = n.p[0], y_zero = n.p[1];
+  const bool count_include_pad = n.p[2] != 0;
   std::vector<int64_t> shape{x.size(0), x.size(1)};
-  shape.insert(shape.end(), out_sizes.begin(), out_sizes.end());
+  for (int a = 3 - static_cast<int>(rank); a < 3; ++a) shape.push_back(w.out[a]);
   Tensor out = output(shape, x.scalar_type());
   const float xs = static_cast<float>(x_scale), ys = static_cast<float>(y_scale), zy = static_cast<float>(y_zero);
   const float whole = static_cast<float>(w.kernel[0] * w.kernel[1] * w.kernel[2]);
@@ -363,23 +384,22 @@ struct ConvGeometry {  // three spatial axes (missing ones of size 1)
   int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
 };
 
-ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
-                           const std::vector<int64_t>& dilations) {
+// numbers (qlinear_conv's): x_zero, y_zero, int8 output, group, then strides, pads (begins, ends), dilations
+ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Numbers& n) {
   const int64_t rank = x.dim() - 2;
-  CHECK_VALUE(rank >= 1 && rank <= 3 && w.dim() == x.dim() && static_cast<int64_t>(strides.size()) == rank &&
-                        static_cast<int64_t>(dilations.size()) == rank && static_cast<int64_t>(pads.size()) == 2 * rank,
-                    "qlinear_conv: x [N, C, 1-3 spatial axes], w [M, C / group, kernel] and strides, dilations and "
-                    "pads (begins, ends) per spatial axis expected");
+  CHECK_VALUE(rank >= 1 && rank <= 3 && w.dim() == x.dim(), "qlinear_conv: x [N, C, 1-3 spatial axes] and w "
+              "[M, C / group, kernel] expected");
+  n.expect(4 + 4 * rank, "qlinear_conv");
   ConvGeometry s;
   for (int a = 0; a < 3; ++a) {
     const int64_t d = a - (3 - rank);  // the spatial axis this one is, or negative (size 1)
     s.in[a] = d >= 0 ? x.size(2 + d) : 1;
     s.kernel[a] = d >= 0 ? w.size(2 + d) : 1;
-    s.stride[a] = d >= 0 ? strides[d] : 1;
-    s.dilation[a] = d >= 0 ? dilations[d] : 1;
-    s.pad[a] = d >= 0 ? pads[d] : 0;
+    s.stride[a] = n.axis(4, rank, a, 1);
+    s.pad[a] = n.axis(4 + rank, rank, a, 0);
+    s.dilation[a] = n.axis(4 + 3 * rank, rank, a, 1);
     const int64_t span = (s.kernel[a] - 1) * s.dilation[a] + 1;
-    const int64_t padded = s.in[a] + s.pad[a] + (d >= 0 ? pads[rank + d] : 0);
+    const int64_t padded = s.in[a] + s.pad[a] + n.axis(4 + 2 * rank, rank, a, 0);
     CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && s.pad[a] >= 0 && padded >= span,
                       "qlinear_conv: the kernel does not fit the padded input");
     s.out[a] = (padded - span) / s.stride[a] + 1;
@@ -429,10 +449,12 @@ void gather_rows(const T* x, int32_t x_zero, const ConvGeometry& s, int64_t chan
   }
 }
 
-Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& w, const Tensor& multiplier,
-                            const std::optional<Tensor>& bias, int64_t x_zero, int64_t y_zero,
-                            const std::vector<int64_t>& strides, const std::vector<int64_t>& pads, const std::vector<int64_t>& dilations, int64_t group,
-                            ScalarType dtype) {
+Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& w, const Tensor& multiplier, const std::optional<Tensor>& bias,
+                        const Tensor& numbers) {
+  const Numbers n(numbers, "qlinear_conv");
+  CHECK_VALUE(n.size >= 4, "qlinear_conv: numbers [x_zero, y_zero, int8 output, group, geometry] expected");
+  const int64_t x_zero = n.p[0], y_zero = n.p[1], group = n.p[3];
+  const ScalarType dtype = n.p[2] ? ScalarType::Char : ScalarType::Byte;
   CHECK_VALUE(x.is_contiguous() && w.is_contiguous() && w.scalar_type() == ScalarType::Short &&
                         multiplier.scalar_type() == ScalarType::Float && multiplier.is_contiguous() && group >= 1 &&
                         x.size(1) % group == 0 && w.size(0) % group == 0 && w.size(1) * group == x.size(1) &&
@@ -442,7 +464,7 @@ Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& w, const Tensor& multipli
   CHECK_VALUE(!bias || (bias->scalar_type() == ScalarType::Int && bias->is_contiguous() && bias->numel() == w.size(0)),
                     "qlinear_conv: an int32 bias per output channel expected");
   signed_bytes(x);
-  const ConvGeometry s = conv_geometry(x, w, strides, pads, dilations);
+  const ConvGeometry s = conv_geometry(x, w, n);
   const int64_t N = x.size(0), C = x.size(1), M = w.size(0), channels = C / group, group_out = M / group;
   const int64_t taps = channels * s.kernel[0] * s.kernel[1] * s.kernel[2], rows = s.out[0] * s.out[1];
   std::vector<int64_t> shape{N, M};
@@ -548,12 +570,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("qlinear_add(Tensor x, Tensor y, float x_ratio, float y_ratio, float offset) -> Tensor");
   m.def("qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor");
   m.def("qlinear_lookup(Tensor x, Tensor table) -> Tensor");
-  m.def("qlinear_conv(Tensor x, Tensor w, Tensor multiplier, Tensor? bias, int x_zero, int y_zero, int[] strides, "
-        "int[] pads, int[] dilations, int group, ScalarType dtype) -> Tensor");
+  m.def("qlinear_conv(Tensor x, Tensor w, Tensor multiplier, Tensor? bias, Tensor numbers) -> Tensor");
   m.def("qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, "
         "Tensor? bias, Tensor numbers) -> Tensor");
-  m.def("qlinear_average_pool(Tensor x, int[] kernel, int[] strides, int[] begins, int[] out, float x_scale, "
-        "int x_zero, float y_scale, int y_zero, bool count_include_pad) -> Tensor");
+  m.def("qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor");
   m.def("qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero, "
         "bool channels_last) -> Tensor");
   m.def("qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor");
