@@ -762,6 +762,12 @@ class QLinearAdd(Module):
 
     def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c_scale=None,
                 c_zero_point=None):
+        if self.terms is not None and a.dtype in BYTES and native(a, b):  # the converter's case: planned per shape
+            plan = kept_geometry(self, (a.shape, b.shape, a.dtype, b.dtype), lambda: self._plan(a, b))
+            if plan is not None:
+                x, y = (b, a) if plan[0] else (a, b)
+                return _NATIVE.qlinear_add.default(x if x.is_contiguous() else x.contiguous(),
+                                                   y if y.is_contiguous() else y.contiguous(), *plan[1])
         shape = broadcast_shape(a.shape, b.shape)
         swap = _repeats_innermost(a, shape) and not _repeats_innermost(b, shape)  # onnxruntime hands MLAS the vector
         x, y = (b, a) if swap else (a, b)
@@ -775,6 +781,14 @@ class QLinearAdd(Module):
         x_ratio, y_ratio, offset = terms
         value = fma(x.float(), x_ratio, fma(y.float(), y_ratio, offset))
         return convert_and_pack(value.expand(shape), a.dtype)
+
+    def _plan(self, a: Tensor, b: Tensor) -> tuple | None:
+        """(swap, the folded terms as numbers) of the native call for operands of these shapes, or None where the
+        kernel does not take them."""
+        shape = broadcast_shape(a.shape, b.shape)
+        swap = _repeats_innermost(a, shape) and not _repeats_innermost(b, shape)
+        x, y = (b, a) if swap else (a, b)
+        return (swap, tuple(map(float, self.terms[swap]))) if _native_binary(x, y, shape) else None
 
 
 def _mul_terms(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point):
@@ -797,6 +811,11 @@ class QLinearMul(Module):
 
     def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c_scale=None,
                 c_zero_point=None):
+        if self.terms is not None and a.dtype in BYTES and native(a, b) and kept_geometry(
+                self, (a.shape, b.shape, a.dtype, b.dtype), lambda: _native_binary(a, b, broadcast_shape(a.shape,
+                                                                                                        b.shape))):
+            return _NATIVE.qlinear_mul.default(a if a.is_contiguous() else a.contiguous(),
+                                               b if b.is_contiguous() else b.contiguous(), *self.terms)
         terms = self.terms or _mul_terms(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point)
         shape = broadcast_shape(a.shape, b.shape)
         if _native_binary(a, b, shape):
@@ -879,12 +898,14 @@ class QLinearGlobalAveragePool(Module):
         self.numbers = None if parameters is None else (*_parameters(*parameters[:2]), *_parameters(*parameters[2:]))
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
+        # folded parameters (self.numbers) are per tensor: float() of them succeeded
+        if x.dtype in BYTES and x.dim() >= 3 and native(x) and (self.numbers is not None or _per_tensor_parameters(
+                x_scale, x_zero_point, y_scale, y_zero_point)):
+            numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
+            return _NATIVE.qlinear_global_average_pool.default(x if x.is_contiguous() else x.contiguous(), *numbers,
+                                                               bool(self.channels_last))
         if self.quantization is not None:
             x_scale, x_zero_point, y_scale, y_zero_point = self.quantization.unbind()
-        if x.dtype in BYTES and x.dim() >= 3 and native(x) and _per_tensor_parameters(x_scale, x_zero_point,
-                                                                                     y_scale, y_zero_point):
-            numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
-            return _NATIVE.qlinear_global_average_pool.default(x.contiguous(), *numbers, bool(self.channels_last))
         axes = list(range(1, x.dim() - 1)) if self.channels_last else list(range(2, x.dim()))
         size = 1
         for axis in axes:
@@ -913,17 +934,17 @@ class QLinearAveragePool(AveragePool):
         self.numbers = None if parameters is None else (*_parameters(*parameters[:2]), *_parameters(*parameters[2:]))
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
-        if self.quantization is not None:
-            x_scale, x_zero_point, y_scale, y_zero_point = self.quantization.unbind()
         dtype = x.dtype
         if self.channels_last:
             x = x.movedim(-1, 1)
-        if dtype in BYTES and 3 <= x.dim() <= 5 and native(x) and _per_tensor_parameters(x_scale, x_zero_point,
-                                                                                        y_scale, y_zero_point):
+        if dtype in BYTES and 3 <= x.dim() <= 5 and native(x) and (self.numbers is not None or _per_tensor_parameters(
+                x_scale, x_zero_point, y_scale, y_zero_point)):
             numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
             geometry = kept_geometry(self, (x.shape, numbers[1], numbers[3]), lambda: self._window(x, numbers))
             y = _NATIVE.qlinear_average_pool.default(x.contiguous(), geometry, numbers[0], numbers[2])
             return y.movedim(1, -1) if self.channels_last else y
+        if self.quantization is not None:
+            x_scale, x_zero_point, y_scale, y_zero_point = self.quantization.unbind()
         geometry, strides, _, begins, ends = self._geometry(x)
         padded = pad(dequantize(x, x_scale, x_zero_point), [0, 0, *begins], [0, 0, *ends])
         total = None
@@ -972,6 +993,13 @@ class QLinearSoftmax(Module):
         return torch.roll(table, -128) if signed else table  # the int8 table is indexed by uint8(q + 127 - max)
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
+        if self.numbers is not None and self.x_scale is not None and x.dtype in BYTES and native(x):
+            plan = kept_geometry(self, (x.shape, x.dtype), lambda: self._rows(x))  # folded: planned per shape
+            if plan is not None:
+                rows = x.reshape(plan[0])
+                y = _NATIVE.qlinear_softmax.default(rows if rows.is_contiguous() else rows.contiguous(), plan[1],
+                                                    *self.numbers)
+                return y.reshape(x.shape)
         if self.quantization is not None:
             y_scale, y_zero_point = self.quantization.unbind()
         axis = self.axis % x.dim()
@@ -995,6 +1023,14 @@ class QLinearSoftmax(Module):
             total = total + values[..., k]
         y = saturate(torch.round(values * _inverse(y_scale) / total[..., None]) + _zero(y_zero_point), x.dtype)
         return y.movedim(-1, axis) if self.opset >= 13 else y.reshape(x.shape)
+
+    def _rows(self, x: Tensor) -> tuple | None:
+        """(rows shape [R, L], table) of the native call on x, or None where the kernel does not take x."""
+        axis = self.axis % x.dim()
+        if not (x.numel() and (self.opset < 13 or axis == x.dim() - 1)):
+            return None
+        size = math.prod(x.shape[axis:])
+        return (x.numel() // size, size), self.table(self.x_scale, size, x.dtype == torch.int8)
 
     def extra_repr(self) -> str:
         return f"axis={self.axis}, opset={self.opset}"
