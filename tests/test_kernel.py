@@ -342,6 +342,30 @@ def test_packed_weights_are_cached_per_version_and_forgotten_with_their_tensors(
     assert not any(key in op.PACKS._entries for key in keys)
 
 
+def test_a_stack_is_packed_once_per_version(monkeypatch):
+    """A StackedRecurrent's layers are one entry of op.PACKS: packed once, a layer again only when its weight changes
+    in place or is replaced; the numbers are then the new weights' (torch's path, with grad)."""
+    import onnx2torch_rnn  # the bundled tagger: a 2-layer bidirectional LSTM stack
+
+    packs = []
+    pack = op._PACK
+    monkeypatch.setattr(op, "_PACK", lambda *args: packs.append(args[1]) or pack(*args))
+    module = onnx2torch_rnn.convert(Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx")
+    tokens = torch.randint(0, 50, (2, 9))
+    layers = module.lstm_LSTM.layers
+    with torch.no_grad():
+        module(tokens)
+    for packed, change in ((0, lambda: None), (1, lambda: layers[1].rnn.weight_hh_l0.detach().mul_(0.5)),
+                           (1, lambda: setattr(layers[0].rnn, "weight_ih_l0",
+                                               torch.nn.Parameter(layers[0].rnn.weight_ih_l0 * 2)))):
+        change()
+        packs.clear()
+        with torch.no_grad():
+            got = [module(tokens) for _ in range(3)]
+        assert len(packs) == packed  # the changed layer once, on the first call
+        torch.testing.assert_close(got[-1], module(tokens).detach())
+
+
 def python_weights(module) -> dict:
     if module.fast:
         return {"W": None, "R": None, "torch_weights": module._fast_weights()}

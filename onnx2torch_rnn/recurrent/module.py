@@ -355,7 +355,7 @@ class StackedRecurrent(Module):
             if window is None:
                 return None
             x, batch_first = x[window[0]:window[1]], False
-        return op.run_stack(x, weights, counts, "|".join(configs), lengths, initial_h, initial_c, batch_first,
+        return op.run_stack(x, weights, tuple(counts), tuple(configs), lengths, initial_h, initial_c, batch_first,
                             self.batch_first_output, self.merge_output, self.last_states)
 
     @staticmethod

@@ -196,18 +196,23 @@ _LIBRARY.define("recurrent_stack(Tensor X, Tensor[] packed, int[] configs, int[]
                 "bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
 
 
-def run_stack(X, weights: list[Tensor], counts: list[int], configs: str, sequence_lens, initial_h: list,
-              initial_c: list, *flags: bool):
+def run_stack(X, weights: list[Tensor], counts: tuple[int, ...], configs: tuple[str, ...], sequence_lens,
+              initial_h: list, initial_c: list, *flags: bool):
     """The stack op: ``weights`` every layer's in turn, ``counts`` how many each layer takes, ``configs`` the
-    layers' configs joined with "|"."""
-    packed, numbers, sizes, offset = [], [], [], 0
-    try:
-        for config, count in zip(configs.split("|"), counts, strict=True):
+    layers' configs. The layers' packed weights are one PACKS entry (a batch-1 call notices a lookup per layer),
+    made of the layers' own (a changed layer is packed again, the others not)."""
+    def pack_layers():
+        packed, numbers, sizes, offset = [], [], [], 0
+        for config, count in zip(configs, counts, strict=True):
             tensor, number, hidden, input_size = PACKS.get(weights[offset:offset + count], config, X.dtype)
             packed.append(tensor)
             numbers.append(number)
             sizes += (hidden, input_size)
             offset += count
+        return packed, numbers, sizes
+
+    try:
+        packed, numbers, sizes = PACKS.made(weights, (configs, counts, X.dtype == torch.float64), pack_layers)
         return caller_threads(_STACK, X, packed, numbers, sizes, sequence_lens, initial_h, initial_c, *flags)
     except RuntimeError as error:
         raise _checked(error) from None
