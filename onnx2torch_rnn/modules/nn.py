@@ -358,15 +358,24 @@ class AveragePool(_Pool):
         self.count_include_pad = count_include_pad
 
     def forward(self, x):
-        geometry, strides, dilations, begins, ends = self._geometry(x)
+        _, strides, dilations, begins, ends = self._geometry(x)
+        if eager():  # the counts depend on the sizes only (an inference tensor must not meet autograd later)
+            key = ("counts", x.shape[2:], x.dtype, x.device, torch.is_inference_mode_enabled())
+            counts = kept_geometry(self, key, lambda: self._counts(x))
+        else:
+            counts = self._counts(x)
+        return self._window_sum(x, strides, dilations, begins, ends) / counts
+
+    def _counts(self, x):
+        """The taps each window averages (at least 1: a window with none averages to 0, as in onnxruntime)."""
+        geometry, strides, dilations, _, _ = self._geometry(x)
         sizes = list(x.shape[2:])
         if self.count_include_pad:
             lower, upper = [-g[0] for g in geometry], [size + g[1] for size, g in zip(sizes, geometry, strict=True)]
         else:
             lower, upper = [0] * len(sizes), sizes
         counts = _window_counts(geometry, self.kernel_shape, strides, dilations, lower, upper, x.device)
-        # a window with no counted tap averages to 0, as in onnxruntime
-        return self._window_sum(x, strides, dilations, begins, ends) / counts.clamp(min=1).to(x.dtype)
+        return counts.clamp(min=1).to(x.dtype)
 
 
 class LpPool(_Pool):
@@ -921,6 +930,14 @@ class Resize(Module):
         self._ratios = scales and [None if v == int(v) else floor_ratio(v) for v in self._scales32]
 
     def forward(self, x, roi=None, scales=None, sizes=None):
+        if (roi is None and scales is None and sizes is None and self.mode == "nearest"
+                and self.coordinate_transformation_mode != "tf_crop_and_resize" and eager()):
+            # static geometry: one gather per resized axis, its index kept per input size
+            key = (x.shape, x.device, torch.is_inference_mode_enabled())
+            y = x
+            for axis, index in kept_geometry(self, key, lambda: self._gathers(x)):
+                y = y.index_select(axis, index)
+            return y
         # run-time values: only known here (an empty scales tensor means "use sizes")
         roi = self.roi if roi is None else roi.tolist()
         scales = self._scales32 if scales is None else _float32s(scales.tolist())
@@ -935,11 +952,7 @@ class Resize(Module):
         if self.mode != "nearest" and not x.is_floating_point():
             raise NotImplementedError(f"Resize mode {self.mode!r} on {x.dtype} is not supported")
         rank = x.dim()
-        starts, ends = [0.0] * rank, [1.0] * rank
-        if roi:
-            axes = list(range(rank)) if not self.axes else [a % rank for a in self.axes]
-            for i, axis in enumerate(axes):
-                starts[axis], ends[axis] = roi[i], roi[i + len(axes)]
+        starts, ends = self._roi_bounds(rank, roi)
         y, valid = x, None
         for axis in range(rank):
             # a traced size known to stay (else resampled: an axis that keeps its size at run time is resampled as
@@ -967,6 +980,28 @@ class Resize(Module):
         if valid is not None:
             y = torch.where(valid, y, torch.tensor(self.extrapolation_value, dtype=y.dtype, device=y.device))
         return y
+
+    def _gathers(self, x) -> list[tuple[int, torch.Tensor]]:
+        """(axis, source index) of each axis that nearest resizing with the static roi, scales and sizes changes
+        (none where no size changes: onnxruntime then returns the input as is)."""
+        in_sizes = list(x.shape)
+        out_sizes, factors = resize_geometry(in_sizes, self._scales32, ints(self.sizes, None), self.axes,
+                                             self.keep_aspect_ratio_policy, self._ratios)
+        if out_sizes == in_sizes:
+            return []
+        starts, ends = self._roi_bounds(x.dim(), self.roi)
+        return [(axis, self._axis_taps(in_sizes[axis], out_sizes[axis], factors[axis], starts[axis],
+                                       ends[axis])[0][:, 0].to(x.device))
+                for axis in range(x.dim()) if factors[axis] != 1]
+
+    def _roi_bounds(self, rank: int, roi) -> tuple[list[float], list[float]]:
+        """Per axis (start, end) of the region of interest (0 and 1 where none)."""
+        starts, ends = [0.0] * rank, [1.0] * rank
+        if roi:
+            axes = list(range(rank)) if not self.axes else [a % rank for a in self.axes]
+            for i, axis in enumerate(axes):
+                starts[axis], ends[axis] = roi[i], roi[i + len(axes)]
+        return starts, ends
 
     def _refuse_traced_sizes(self) -> None:
         """Sizes computed at run time under compile/export: the modes whose arithmetic stays symbolic."""
