@@ -299,3 +299,13 @@ def test_committed_qdq_models(entry):
         for g, want in zip(got, reference.run(None, feeds), strict=True):
             tolerance = 0 if entry["file"].removesuffix(".onnx") in EXACT else 1e-4
             np.testing.assert_allclose(g.numpy(), want, rtol=0, atol=tolerance, strict=True)
+
+
+def test_int8_groups_run_in_the_uint8_form_onnxruntime_gives_them():
+    """onnxruntime turns int8 Q -> DQ pairs into uint8 before fusing; QLinearAdd adds the zero point in float before
+    rounding, so the int8 form rounds a tie differently (seed 31: 2 of 16384 values one step off before AsUint8)."""
+    b = Builder(np.int8, np.random.default_rng(31))
+    model = b.model(b.qdq(b.op("Add", [b.input((4, 64, 64)), b.input((64, 64))]), 0.2))
+    module = assert_exact(model, [b.feeds(31)])
+    assert [type(m).__name__ for m in module.children() if isinstance(m, q.AsUint8)] == ["AsUint8"]
+    assert fused_ops(module) == onnxruntime_ops(model)

@@ -1504,9 +1504,31 @@ def _(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
     return tuple(X.new_empty(shape) for shape in shapes)
 
 
+class AsUint8(Module):
+    """An 8-bit op on int8 values as onnxruntime computes it once its QDQS8ToU8Transformer has made them uint8
+    (values and zero points + 128; passes/qdq.py): the int8 inputs at ``positions`` shifted to uint8, ``module``
+    (built with the shifted zero points) run, its output shifted back. The same numbers but where the op adds the
+    output's zero point in float before rounding (QLinearAdd, QLinearMul, QLinearAveragePool): there the last bit
+    of that sum, so a rounding tie, differs otherwise."""
+
+    def __init__(self, module: Module, positions: tuple[int, ...]):
+        super().__init__()
+        self.module, self.positions = module, tuple(positions)
+
+    def forward(self, *args):
+        args = [_flip(a) if i in self.positions else a for i, a in enumerate(args)]
+        return _flip(self.module(*args))
+
+
+def _flip(q: Tensor) -> Tensor:
+    """int8 <-> uint8 by 128 (a flip of the top bit)."""
+    return torch.bitwise_xor(q.view(torch.uint8), 128) if q.dtype == torch.int8 else torch.bitwise_xor(
+        q, 128).view(torch.int8)
+
+
 # The modules of ONNX's integer ops: ``to_onnx`` refuses them by name (torch has no ONNX translation to integer ops,
 # and its float64 or Python-loop forms would not be what onnxruntime runs); Q/DQ modules export as float arithmetic.
 INTEGER_OPS = (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, DynamicQuantizeMatMul, MatMulIntegerToFloat,
                QLinearAdd, QLinearMul, QLinearLookup, QLinearGlobalAveragePool, QLinearAveragePool, QLinearSoftmax,
-               QLinearConcat, QGemm, DynamicQuantizeLSTM, DynamicQuantizedProduct)
+               QLinearConcat, QGemm, DynamicQuantizeLSTM, DynamicQuantizedProduct, AsUint8)
 

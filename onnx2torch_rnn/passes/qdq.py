@@ -31,6 +31,8 @@ import numpy as np
 import onnx
 import torch
 
+from ..modules.quantized import AsUint8
+from ..node import Converted
 from . import Fusion, GraphView, attribute, register_pattern
 
 _STANDARD = ("", "ai.onnx")
@@ -104,25 +106,49 @@ class _Group:
         return [self.q.input[1], self.q.input[2] if len(self.q.input) > 2 else ""]
 
     def fusion(self, op_type: str, inputs: list[str], domain: str = _MS, extra: dict | None = None,
-               attributes: list | None = None, constants: tuple[str, np.ndarray] | None = None) -> Fusion:
-        """The group as ``op_type`` on ``inputs`` with the target's attributes (or ``attributes``) and ``extra``."""
+               attributes: list | None = None, constants: tuple[str, np.ndarray] | None = None,
+               shift: tuple[int, ...] = ()) -> Fusion:
+        """The group as ``op_type`` on ``inputs`` with the target's attributes (or ``attributes``) and ``extra``.
+        ``shift``: the positions of its int8 inputs that onnxruntime has made uint8 (``AsUint8``; the zero points,
+        the inputs after them, shifted to uint8 here)."""
         output = (self.q or self.target).output[0]
+        shifted = {}
+        for position in (*shift, len(inputs) - 2) if shift else ():  # each shifted input's zero point, the output's
+            zero = inputs[position + 2] if position < len(inputs) - 2 else inputs[-1]
+            shifted[zero] = (f"{zero}_as_uint8", np.asarray(self.view.folded(zero).astype(np.int16) + 128, np.uint8))
+        inputs = [shifted[name][0] if name in shifted else name for name in inputs]
         node = onnx.helper.make_node(op_type, inputs, [output], name=self.target.name, domain=domain)
         node.attribute.extend(self.target.attribute if attributes is None else attributes)
         for key, value in (extra or {}).items():
             node.attribute.append(onnx.helper.make_attribute(key, value))
         opset = 1 if domain == _MS else None
-        # a bias this pass quantizes: defined under a new name, read from the float constant
-        made = None if constants is None else (constants[0], torch.from_numpy(constants[1]))
-        reads = [name for name in inputs if name and (made is None or name != made[0])]
-        if made is not None:
+        # constants this pass makes (a quantized bias, shifted zero points): defined under new names
+        made = {name: torch.from_numpy(value) for name, value in [*([constants] if constants else []),
+                                                                    *(shifted.values() if shift else [])]}
+        reads = [name for name in inputs if name and name not in made]
+        if constants is not None:
             reads.append(self.inputs[2])
+        reads += [name for name in shifted if shift]
 
-        def convert(ctx, node=node, opset=opset, made=made):
-            if made is not None:
-                ctx.set_constant(*made)
-            return ctx.convert(node, opset)
+        def convert(ctx, node=node, opset=opset, made=made, shift=shift):
+            for name, value in made.items():
+                ctx.set_constant(name, value)
+            converted = ctx.convert(node, opset)
+            return Converted(AsUint8(converted.module, shift), converted.inputs) if shift else converted
         return Fusion("qdq", op_type, self.nodes(), reads, [output], convert)
+
+    def shift(self, *positions: int) -> tuple[int, ...] | None:
+        """``positions`` where the group's int8 values are uint8 to onnxruntime's selectors (``_effective_type``),
+        () where their types are as written, None where the two disagree among them (left alone)."""
+        names = [dq.input[0] for dq in self.dqs] + [self.q.output[0]]
+        actual = {self.view.elem_type(name) for name in names}
+        if len(actual) != 1:
+            return None
+        if actual != {_S8} or {_effective_type(self.view, name) for name in names} != {_U8}:
+            return ()
+        zero_points = [dq.input[2] if len(dq.input) > 2 else "" for dq in self.dqs] + [
+            self.q.input[2] if len(self.q.input) > 2 else ""]
+        return positions if all(_scalar(self.view, name) is not None for name in zero_points) else None
 
 
 def _scalar(view: GraphView, name: str) -> int | None:
@@ -180,11 +206,15 @@ def _select(view: GraphView, group: _Group) -> Fusion | None:
     if group.q is None or not group.all_dequantized() or not _eight_bit(group.output_type()):
         return None
     count, output_type = len(group.dqs), group.output_type()
+    # where onnxruntime adds the output's zero point in float before rounding, the uint8 form it runs matters
+    shift = group.shift(*((0, 3) if op in _BINARY else (0,))) if op in (*_BINARY, "AveragePool") else ()
+    if shift is None:
+        return None
     if op in _UNARY and count == 1 and group.type(0) == output_type:
         extra = {"opset": view.opset(group.target)} if op == "Softmax" else None
-        return group.fusion(_UNARY[op], [*group.quantized(0), *group.output()], extra=extra)
+        return group.fusion(_UNARY[op], [*group.quantized(0), *group.output()], extra=extra, shift=shift)
     if op in _BINARY and count == 2 and group.type(0) == group.type(1) == output_type:
-        return group.fusion(_BINARY[op], [*group.quantized(0), *group.quantized(1), *group.output()])
+        return group.fusion(_BINARY[op], [*group.quantized(0), *group.quantized(1), *group.output()], shift=shift)
     if op == "Concat" and all(group.type(i) == output_type for i in range(count)):
         return group.fusion("QLinearConcat", [*group.output(), *[n for i in range(count) for n in group.quantized(i)]])
     if op == "MatMul" and count == 2 and group.type(0) == _U8 == output_type and _eight_bit(group.type(1)):
