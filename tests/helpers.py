@@ -365,3 +365,14 @@ def sigmoid_before_first_tanh(body: onnx.GraphProto) -> None:
     tanh = next(n for n in body.node if n.op_type == "Tanh")
     body.node.insert(list(body.node).index(tanh), onnx.helper.make_node("Sigmoid", [tanh.input[0]], ["extra_sigmoid"]))
     tanh.input[0] = "extra_sigmoid"
+
+
+class OpSpy:
+    """torch.ops.onnx2torch_rnn, recording which ops the modules call (monkeypatched over a module's op namespace)."""
+
+    def __init__(self):
+        self.called = set()
+
+    def __getattr__(self, name):
+        self.called.add(name)
+        return getattr(torch.ops.onnx2torch_rnn, name)

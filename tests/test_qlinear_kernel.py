@@ -14,6 +14,7 @@ import torch
 
 from onnx2torch_rnn.modules import quantized as q
 from onnx2torch_rnn.recurrent import kernel
+from tests.helpers import OpSpy
 
 pytestmark = pytest.mark.skipif(not kernel.enabled(), reason=f"{kernel.ENVIRONMENT}=0: the Python path only")
 BYTES = [torch.uint8, torch.int8]
@@ -25,20 +26,9 @@ def native_kernel():
         pytest.skip("the native kernel could not be built here (see the warning)")
 
 
-class _Spy:
-    """torch.ops.onnx2torch_rnn, recording which ops the modules call."""
-
-    def __init__(self):
-        self.called = set()
-
-    def __getattr__(self, name):
-        self.called.add(name)
-        return getattr(torch.ops.onnx2torch_rnn, name)
-
-
 def outputs(monkeypatch, op: str, calls) -> list[torch.Tensor]:
     """Each call's result with the kernel (which must run ``op``), then with the Python path: all equal."""
-    spy = _Spy()
+    spy = OpSpy()
     with monkeypatch.context() as patch:
         patch.setattr(q, "_NATIVE", spy)
         with torch.inference_mode():

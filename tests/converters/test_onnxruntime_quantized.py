@@ -14,7 +14,7 @@ from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
 from onnx2torch_rnn.modules import quantized
 from onnx2torch_rnn.recurrent import kernel
 from tests import helpers
-from tests.helpers import check, helper, make_model, single_node, tensor_type
+from tests.helpers import OpSpy, check, helper, make_model, single_node, tensor_type
 
 RNG = np.random.default_rng(0)
 
@@ -515,17 +515,6 @@ def test_qoperator_cnn_export_matches_onnxruntime(name):
     np.testing.assert_allclose(program.module()(*args).numpy(), want, rtol=0, atol=0, strict=True)
 
 
-class _Spy:
-    """torch.ops.onnx2torch_rnn, recording which ops the modules call."""
-
-    def __init__(self):
-        self.called = set()
-
-    def __getattr__(self, name):
-        self.called.add(name)
-        return getattr(torch.ops.onnx2torch_rnn, name)
-
-
 @pytest.mark.parametrize("op", ["QLinearMatMul", "QGemm"])
 @pytest.mark.parametrize(("a_type", "b_type"), [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)])
 @pytest.mark.parametrize(("m", "k", "n"), [(3, 8, 5), (1, 17, 40), (9, 70, 65)])
@@ -549,7 +538,7 @@ def test_qlinear_product_in_one_native_call(monkeypatch, op, a_type, b_type, m, 
     model, feeds = single_node(op, names, {"a": integers(a_type, (m, k))}, {name: values[name] for name in names[1:]},
                                17 if op == "QGemm" else 10, outputs=[("y", tensor_type(a_type), (m, n))],
                                domain=MS if op == "QGemm" else "")
-    spy = _Spy()
+    spy = OpSpy()
     monkeypatch.setattr(quantized, "_NATIVE", spy)
     check(model, feeds, rtol=0, atol=0)
     assert "qlinear_matmul" in spy.called
