@@ -20,6 +20,7 @@ from onnx2torch_rnn.modules.quantized import (
 )
 from onnx2torch_rnn.recurrent import kernel
 from onnx2torch_rnn.recurrent.cells import encode, make_config
+from tests.helpers import OpSpy
 
 pytestmark = pytest.mark.skipif(not kernel.enabled(), reason=f"{kernel.ENVIRONMENT}=0: the Python path only")
 
@@ -201,7 +202,8 @@ def test_conv_integer_matches_python(seed, monkeypatch):
 @pytest.mark.parametrize("zero_point", [False, True])
 def test_quantize_and_dequantize_linear_match_python(dtype, zero_point, monkeypatch):
     """QuantizeLinear / DequantizeLinear per tensor (kernel/quantize_linear.cpp) against the Python reference, bit for
-    bit: ties at every half, NaN, infinities, values past the range, a strided x; the modules call them (spy)."""
+    bit: ties at every half, NaN, infinities, values past the range, strided, transposed and broadcast inputs, the
+    parameters folded or not; the modules call them (spy)."""
     generator = torch.Generator().manual_seed(3)
     low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
     scale = torch.tensor(0.37 if dtype.itemsize == 1 else 0.0037)
@@ -210,17 +212,22 @@ def test_quantize_and_dequantize_linear_match_python(dtype, zero_point, monkeypa
     ties = (torch.arange(-300, 300) + 0.5) * scale  # x / scale lands on (or one rounding from) each half
     x = torch.cat([special, ties, torch.randn(999, generator=generator) * scale * (high - low)])
     x = x.reshape(-1, 2)[:, 0]  # strided
-    calls = []
-    def spy(name):
-        return lambda self, *args: calls.append(name) or getattr(NATIVE, name)(*args)
-
-    spy = {name: spy(name) for name in ("quantize_linear", "dequantize_linear")}
-    monkeypatch.setattr(q, "_NATIVE", type("Spy", (), spy)())
-    got = q.QuantizeLinear(output_dtype=dtype)(x, scale, zp)
+    spy = OpSpy()
+    monkeypatch.setattr(q, "_NATIVE", spy)
     want = q.quantize(x, scale, zp, dtype)
-    assert got.dtype == dtype and torch.equal(got, want)
+    for folded in (None, (scale, zp)):  # parameters at run time, or folded in by the converter
+        module = q.QuantizeLinear(output_dtype=dtype, constants=folded)
+        got = module(x) if folded else module(x, scale, zp)
+        assert got.dtype == dtype and torch.equal(got, want)
     values = torch.cat([integers(generator, dtype, (500,)), torch.tensor([low, high], dtype=dtype)])
     for value in (values, values.to(torch.int32) * 40000):  # int32: the difference wraps as torch's does
-        got = q.DequantizeLinear()(value, scale, zp)
-        assert got.dtype == torch.float32 and torch.equal(got, q.dequantize(value, scale, zp))
-    assert calls == ["quantize_linear", "dequantize_linear", "dequantize_linear"]
+        for folded in (None, (scale, zp)):
+            module = q.DequantizeLinear(constants=folded)
+            got = module(value) if folded else module(value, scale, zp)
+            assert got.dtype == torch.float32 and torch.equal(got, q.dequantize(value, scale, zp))
+    for view in (lambda t: t[:120].reshape(2, 3, 4, 5).permute(3, 0, 2, 1), lambda t: t[:6].expand(4, 6)):
+        quantized = q.QuantizeLinear(output_dtype=dtype, constants=(scale, zp))(view(x))  # through the strides
+        assert torch.equal(quantized, q.quantize(view(x), scale, zp, dtype)) and quantized.is_contiguous()
+        got = q.DequantizeLinear(constants=(scale, zp))(view(values))
+        assert torch.equal(got, q.dequantize(view(values), scale, zp))
+    assert spy.called == {"quantize_linear", "dequantize_linear"}

@@ -88,9 +88,7 @@ def quantize_linear(node: OnnxNode, ctx) -> Converted:
         node.attr("saturate")  # defined for float8 outputs only, which are refused
     if node.version >= 23 and node.attr("precision") not in (0, onnx.TensorProto.FLOAT):
         raise node.unsupported("precision", node.attr("precision"), "the division runs in float32 (onnxruntime)")
-    module = q.QuantizeLinear(axis=node.attr("axis", 1), block_size=node.attr("block_size", 0),
-                              output_dtype=zero_point_type or output_dtype or torch.uint8)
-    return Converted(module, node.inputs)
+    return _linear(node, ctx, q.QuantizeLinear, zero_point_type or output_dtype or torch.uint8)
 
 
 @register_converter("DequantizeLinear", (10, 13, 19, 21, 23, 24, 25, 28))
@@ -107,9 +105,16 @@ def dequantize_linear(node: OnnxNode, ctx) -> Converted:
     output_dtype = _output_dtype(node)
     if output_dtype is not None and not output_dtype.is_floating_point:
         raise node.unsupported("output_dtype", output_dtype, "must be a float type")
-    module = q.DequantizeLinear(axis=node.attr("axis", 1), block_size=node.attr("block_size", 0),
-                                output_dtype=output_dtype)
-    return Converted(module, node.inputs)
+    return _linear(node, ctx, q.DequantizeLinear, output_dtype)
+
+
+def _linear(node: OnnxNode, ctx, module_type, output_dtype: torch.dtype | None) -> Converted:
+    """QuantizeLinear / DequantizeLinear with a constant scale and zero point folded into the module."""
+    attributes = dict(axis=node.attr("axis", 1), block_size=node.attr("block_size", 0), output_dtype=output_dtype)
+    values = folded_constants(node, ctx, (1, 2))
+    if values is None:
+        return Converted(module_type(**attributes), node.inputs)
+    return Converted(module_type(**attributes, constants=tuple(values)), without(node, (1, 2)))
 
 
 @register_converter("DynamicQuantizeLinear", 11)

@@ -122,52 +122,85 @@ def per_axis(parameter: Tensor | None, x: Tensor, axis: int, block_size: int = 0
 
 # ----------------------------------------------------------------------------------------------- standard ops
 
-# the types of the native kernel's quantize_linear output and dequantize_linear input (kernel/quantize_linear.cpp)
+# the types of the native kernel's quantize_linear output, by its code, and of its dequantize_linear input
 _NATIVE_QUANTIZED = (torch.uint8, torch.int8, torch.uint16, torch.int16)
 _NATIVE_DEQUANTIZED = (*_NATIVE_QUANTIZED, torch.int32)
 
 
-def per_tensor(x: Tensor, scale: Tensor, zero_point: Tensor | None) -> bool:
-    """Whether an eager call runs the native kernel's quantize_linear / dequantize_linear: one float32 scale, at most
-    one zero point (blocks and axes then change nothing), CPU inference (``native``)."""
-    return (scale.numel() == 1 and scale.dtype == torch.float32 and (zero_point is None or zero_point.numel() == 1)
-            and native(x, scale))
+def linear_numbers(scale: Tensor | None, zero_point: Tensor | None, dtype: torch.dtype | None = None) -> Tensor | None:
+    """The int64 numbers of the native kernel's quantize_linear (``dtype``: its output type) or dequantize_linear
+    (kernel/quantize_linear.cpp): [bits of the float32 scale, zero point(, output type code)]; None where it takes
+    no such parameters: not one float32 scale and at most one zero point (blocks and axes then change nothing)."""
+    if not (isinstance(scale, Tensor) and scale.numel() == 1 and scale.dtype == torch.float32 and (
+            zero_point is None or (isinstance(zero_point, Tensor) and zero_point.numel() == 1))):
+        return None
+    if dtype is not None and dtype not in _NATIVE_QUANTIZED:
+        return None
+    code = [] if dtype is None else [_NATIVE_QUANTIZED.index(dtype)]
+    zero = 0 if zero_point is None else int(zero_point.reshape(()))
+    return torch.tensor([int(scale.reshape(()).view(torch.int32)), zero, *code], dtype=torch.int64)
 
 
-class QuantizeLinear(Module):
+class _Linear(Module):
+    """QuantizeLinear / DequantizeLinear: the scale and zero point folded in where they are constants (buffers
+    ``scale``, ``zero_point``; the converter then passes None for them), else both from each call. ``numbers``:
+    the native kernel's (``linear_numbers``) of folded per-tensor parameters, made once, so that an eager call costs
+    one check and one op (a plain attribute: a buffer's lookup alone costs more than a microsecond's tenth)."""
+
+    def __init__(self, axis: int, block_size: int, output_dtype: torch.dtype | None, constants: tuple | None,
+                 quantized: torch.dtype | None):
+        super().__init__()
+        self.axis, self.block_size, self.output_dtype = axis, block_size, output_dtype
+        self.folded = constants is not None
+        scale, zero_point = constants if self.folded else (None, None)
+        self.register_buffer("scale", scale)
+        self.register_buffer("zero_point", zero_point)
+        self.numbers = linear_numbers(scale, zero_point, quantized) if self.folded else None
+
+    def parameters_of(self, x: Tensor, scale: Tensor | None, zero_point: Tensor | None) -> tuple:
+        """(scale, zero point) shaped to broadcast against x (``per_axis``)."""
+        if self.folded:
+            scale, zero_point = self.scale, self.zero_point
+        args = (x, self.axis, self.block_size)
+        return per_axis(scale, *args), per_axis(zero_point, *args)
+
+    def extra_repr(self) -> str:
+        return attributes_repr(self, ["axis", "block_size", "output_dtype"])
+
+
+class QuantizeLinear(_Linear):
     """ONNX QuantizeLinear: per tensor, per axis or blocked; integer outputs (float8 is refused by the converter)."""
 
-    def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype = torch.uint8):
-        super().__init__()
-        self.axis, self.block_size, self.output_dtype = axis, block_size, output_dtype
+    def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype = torch.uint8,
+                 constants: tuple | None = None):
+        super().__init__(axis, block_size, output_dtype, constants, output_dtype)
 
-    def forward(self, x: Tensor, y_scale: Tensor, y_zero_point: Tensor | None = None) -> Tensor:
-        if self.output_dtype in _NATIVE_QUANTIZED and x.dtype == torch.float32 and per_tensor(x, y_scale, y_zero_point):
-            return _NATIVE.quantize_linear(x, y_scale, y_zero_point, self.output_dtype)
-        args = (x, self.axis, self.block_size)
-        return quantize(x, per_axis(y_scale, *args), per_axis(y_zero_point, *args), self.output_dtype)
+    def forward(self, x: Tensor, y_scale: Tensor | None = None, y_zero_point: Tensor | None = None) -> Tensor:
+        if self.numbers is not None and x.dtype == torch.float32 and native(x):
+            return _NATIVE.quantize_linear.default(x, self.numbers)
+        if not self.folded and x.dtype == torch.float32 and native(x) and (
+                numbers := linear_numbers(y_scale, y_zero_point, self.output_dtype)) is not None:
+            return _NATIVE.quantize_linear.default(x, numbers)
+        return quantize(x, *self.parameters_of(x, y_scale, y_zero_point), self.output_dtype)
 
-    def extra_repr(self) -> str:
-        return attributes_repr(self, ["axis", "block_size", "output_dtype"])
 
-
-class DequantizeLinear(Module):
+class DequantizeLinear(_Linear):
     """ONNX DequantizeLinear: per tensor, per axis or blocked; float32 arithmetic, then the output type."""
 
-    def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype | None = None):
-        super().__init__()
-        self.axis, self.block_size, self.output_dtype = axis, block_size, output_dtype
+    def __init__(self, axis: int = 1, block_size: int = 0, output_dtype: torch.dtype | None = None,
+                 constants: tuple | None = None):
+        super().__init__(axis, block_size, output_dtype, constants, None)
+        if output_dtype not in (None, torch.float32):
+            self.numbers = None
 
-    def forward(self, x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None = None) -> Tensor:
-        if self.output_dtype in (None, torch.float32) and x.dtype in _NATIVE_DEQUANTIZED and per_tensor(
-                x, x_scale, x_zero_point):
-            return _NATIVE.dequantize_linear(x, x_scale, x_zero_point)
-        args = (x, self.axis, self.block_size)
-        value = dequantize(x, per_axis(x_scale, *args), per_axis(x_zero_point, *args))
-        return value.to(self.output_dtype or x_scale.dtype)
-
-    def extra_repr(self) -> str:
-        return attributes_repr(self, ["axis", "block_size", "output_dtype"])
+    def forward(self, x: Tensor, x_scale: Tensor | None = None, x_zero_point: Tensor | None = None) -> Tensor:
+        if self.numbers is not None and x.dtype in _NATIVE_DEQUANTIZED and native(x):
+            return _NATIVE.dequantize_linear.default(x, self.numbers)
+        if not self.folded and self.output_dtype in (None, torch.float32) and x.dtype in _NATIVE_DEQUANTIZED and (
+                native(x) and (numbers := linear_numbers(x_scale, x_zero_point)) is not None):
+            return _NATIVE.dequantize_linear.default(x, numbers)
+        scale, zero_point = self.parameters_of(x, x_scale, x_zero_point)
+        return dequantize(x, scale, zero_point).to(self.output_dtype or scale.dtype)
 
 
 def dynamic_parameters(x: Tensor, leading: int = 0) -> tuple[Tensor, Tensor]:

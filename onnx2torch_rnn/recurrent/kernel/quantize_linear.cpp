@@ -1,22 +1,28 @@
 // ONNX QuantizeLinear and DequantizeLinear per tensor on the CPU, for eager inference: one op each instead of the
 // six or so torch ops of their Python implementations in modules/quantized.py (``quantize``, ``dequantize``), which
-// are the reference (same numbers, bit for bit) and run everywhere else.
+// are the reference (same numbers, bit for bit) and run everywhere else. The scale and zero point come as one int64
+// tensor of numbers that Python makes once per module (one boxed argument: each more costs a quarter microsecond).
 //
-//   quantize_linear(Tensor x, Tensor scale, Tensor? zero_point, ScalarType dtype) -> Tensor
-//       float32 x, one float32 scale and zero point: saturate(round_half_even(x / scale) + zero_point) to uint8,
-//       int8, uint16 or int16, the division and the sum in float32; NaN becomes the lowest value
-//   dequantize_linear(Tensor q, Tensor scale, Tensor? zero_point) -> Tensor
-//       float32(int32(q) - int32(zero_point)) * scale in float32, q of 8, 16 or 32 bits (the int32 difference wraps)
+//   quantize_linear(Tensor x, Tensor numbers) -> Tensor
+//       float32 x; numbers [bits of the float32 scale, zero point, output type: 0 uint8, 1 int8, 2 uint16, 3 int16]:
+//       saturate(round_half_even(x / scale) + zero_point), the division in float32 (MlasQuantizeLinear: x / scale
+//       clamped to the type's range less the zero point, rounded, plus the zero point; the same values); NaN
+//       becomes the lowest value
+//   dequantize_linear(Tensor q, Tensor numbers) -> Tensor
+//       numbers [bits of the float32 scale, zero point]: float32(int32(q) - zero_point) * scale in float32, q of 8,
+//       16 or 32 bits (the int32 difference wraps)
 //
-// Built against PyTorch's stable ABI (int8.h): raw pointers, no tensor op by name.
+// Strided inputs (a transposed or broadcast view) are read through their strides; outputs are contiguous. Built
+// against PyTorch's stable ABI (int8.h): raw pointers, no tensor op by name.
 
 #define TORCH_STABLE_ONLY
 #include <torch/csrc/stable/library.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
-#include <optional>
+#include <vector>
 
 #include "int8.h"
 
@@ -24,56 +30,100 @@ namespace onnx2torch_rnn {
 namespace {
 
 using int8::allocate;
-using int8::dense;
-using int8::integer_at;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 constexpr int64_t kGrain = 1 << 15;  // elements per task
 
-// One value of a zero point of any integer type (0 when absent), read without a dispatch.
-int32_t zero_point_value(const std::optional<Tensor>& zero_point) {
-  if (!zero_point) return 0;
-  CHECK_VALUE(zero_point->numel() == 1, "quantize_linear: one zero point expected, got ", zero_point->numel());
-  return integer_at(*zero_point, 0);
+struct Numbers {
+  float scale;
+  int32_t zero;
+  int64_t type;
+};
+
+Numbers numbers_of(const Tensor& numbers, int64_t count) {
+  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.numel() == count && numbers.is_contiguous(),
+              "quantize_linear: ", count, " int64 numbers expected");
+  const int64_t* n = numbers.const_data_ptr<int64_t>();
+  const auto bits = static_cast<uint32_t>(n[0]);
+  Numbers out{0.0f, static_cast<int32_t>(n[1]), count > 2 ? n[2] : 0};
+  std::memcpy(&out.scale, &bits, sizeof(float));
+  return out;
 }
 
-float scale_value(const Tensor& scale) {
-  CHECK_VALUE(scale.numel() == 1 && scale.scalar_type() == ScalarType::Float, "quantize_linear: one float32 scale "
-              "expected, got ", scale.numel(), " of ", scale.scalar_type());
-  return *scale.const_data_ptr<float>();
-}
-
+// t's values in the order of a contiguous tensor of its sizes: its own data where it is contiguous, else gathered
+// through its strides into `buffer` (a transposed or broadcast view: cheaper than a copy through the dispatcher).
 template <typename T>
-void quantize(const float* x, int64_t n, float scale, float zero, T* y) {
-  constexpr float low = std::numeric_limits<T>::min(), high = std::numeric_limits<T>::max();
-  torch::stable::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = std::nearbyint(x[i] / scale) + zero;  // the default rounding mode: half to even
-      y[i] = static_cast<T>(std::isnan(v) ? low : std::min(std::max(v, low), high));
+const T* dense_values(const Tensor& t, std::vector<T>& buffer) {
+  const T* base = static_cast<const T*>(t.const_data_ptr());
+  if (t.is_contiguous()) return base;
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  const int64_t rank = t.dim(), n = t.numel(), inner = sizes[rank - 1], step = strides[rank - 1];
+  buffer.resize(n);
+  std::vector<int64_t> index(rank, 0);
+  int64_t offset = 0;
+  for (int64_t i = 0; i < n; i += inner) {
+    for (int64_t k = 0; k < inner; ++k) buffer[i + k] = base[offset + k * step];
+    for (int64_t d = rank - 2; d >= 0; --d) {  // the next row: an odometer over the outer axes
+      offset += strides[d];
+      if (++index[d] < sizes[d]) break;
+      offset -= strides[d] * sizes[d];
+      index[d] = 0;
+    }
+  }
+  return buffer.data();
+}
+
+// x / scale clamped to [lowest - zero, highest - zero] (NaN to the lowest), rounded half to even (exact: the bounds
+// are integers below 2^22), plus the zero point: int8.h's quantize for any 8- or 16-bit type.
+template <typename T>
+void quantize(const float* x, int64_t n, float scale, int32_t zero_point, T* y) {
+  using int8::F;
+  using int8::I;
+  using int8::L;
+  const float zero = static_cast<float>(zero_point);
+  const float low = static_cast<float>(std::numeric_limits<T>::min()) - zero;
+  const float high = static_cast<float>(std::numeric_limits<T>::max()) - zero;
+  auto convert = [&](F v) {
+    v = v / scale;
+    v = !(v >= low) ? splat(low) : v;
+    v = v > high ? splat(high) : v;
+    return __builtin_convertvector(int8::round_even(v) + zero, I);
+  };
+  torch::stable::parallel_for(0, (n + L - 1) / L, kGrain / L, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t j = b * L, count = std::min<int64_t>(L, n - j);
+      if (count == L) {
+        const I u = convert(load(x + j));
+        T values[L];
+        for (int l = 0; l < L; ++l) values[l] = static_cast<T>(u[l]);
+        std::memcpy(y + j, values, sizeof(values));
+      } else {  // the last values one by one: a vector load would read past x
+        for (int64_t i = j; i < n; ++i) y[i] = static_cast<T>(convert(splat(x[i]))[0]);
+      }
     }
   });
 }
 
-Tensor quantize_linear_cpu(const Tensor& x, const Tensor& scale, const std::optional<Tensor>& zero_point,
-                           ScalarType dtype) {
+Tensor quantize_linear_cpu(const Tensor& x, const Tensor& numbers) {
   CHECK_VALUE(x.scalar_type() == ScalarType::Float, "quantize_linear: float32 x expected, got ", x.scalar_type());
-  const Tensor in = dense(x);
-  const float s = scale_value(scale), zero = static_cast<float>(zero_point_value(zero_point));
-  const float* src = in.const_data_ptr<float>();
-  const int64_t n = in.numel();
+  const Numbers p = numbers_of(numbers, 3);
+  std::vector<float> buffer;
+  const float* src = dense_values(x, buffer);
+  const int64_t n = x.numel();
   Tensor out;
-  auto run = [&](auto type) {
+  auto run = [&](auto type, ScalarType dtype) {
     using T = decltype(type);
-    out = allocate(int8::sizes_of(in), dtype);
-    quantize(src, n, s, zero, static_cast<T*>(out.mutable_data_ptr()));
+    out = allocate(int8::sizes_of(x), dtype);
+    quantize(src, n, p.scale, p.zero, static_cast<T*>(out.mutable_data_ptr()));
   };
-  switch (dtype) {
-    case ScalarType::Byte: run(uint8_t{}); break;
-    case ScalarType::Char: run(int8_t{}); break;
-    case ScalarType::UInt16: run(uint16_t{}); break;
-    case ScalarType::Short: run(int16_t{}); break;
-    default: CHECK_VALUE(false, "quantize_linear: uint8, int8, uint16 or int16 output expected, got ", dtype);
+  switch (p.type) {
+    case 0: run(uint8_t{}, ScalarType::Byte); break;
+    case 1: run(int8_t{}, ScalarType::Char); break;
+    case 2: run(uint16_t{}, ScalarType::UInt16); break;
+    case 3: run(int16_t{}, ScalarType::Short); break;
+    default: CHECK_VALUE(false, "quantize_linear: output type 0 to 3 expected, got ", p.type);
   }
   return out;
 }
@@ -89,24 +139,26 @@ void dequantize(const T* q, int64_t n, int32_t zero, float scale, float* y) {
   });
 }
 
-Tensor dequantize_linear_cpu(const Tensor& q, const Tensor& scale, const std::optional<Tensor>& zero_point) {
-  const Tensor in = dense(q);
-  const float s = scale_value(scale);
-  const int32_t zero = zero_point_value(zero_point);
-  const int64_t n = in.numel();
-  const void* src = in.const_data_ptr();
-  const ScalarType type = in.scalar_type();
+template <typename T>
+void dequantize_any(const Tensor& q, const Numbers& p, float* y) {
+  std::vector<T> buffer;
+  dequantize(dense_values(q, buffer), q.numel(), p.zero, p.scale, y);
+}
+
+Tensor dequantize_linear_cpu(const Tensor& q, const Tensor& numbers) {
+  const Numbers p = numbers_of(numbers, 2);
+  const ScalarType type = q.scalar_type();
   CHECK_VALUE(type == ScalarType::Byte || type == ScalarType::Char || type == ScalarType::UInt16 ||
                   type == ScalarType::Short || type == ScalarType::Int,
               "dequantize_linear: 8-, 16- or 32-bit integers expected, got ", type);
-  Tensor out = allocate(int8::sizes_of(in), ScalarType::Float);
+  Tensor out = allocate(int8::sizes_of(q), ScalarType::Float);
   float* y = out.mutable_data_ptr<float>();
   switch (type) {
-    case ScalarType::Byte: dequantize(static_cast<const uint8_t*>(src), n, zero, s, y); break;
-    case ScalarType::Char: dequantize(static_cast<const int8_t*>(src), n, zero, s, y); break;
-    case ScalarType::UInt16: dequantize(static_cast<const uint16_t*>(src), n, zero, s, y); break;
-    case ScalarType::Short: dequantize(static_cast<const int16_t*>(src), n, zero, s, y); break;
-    default: dequantize(static_cast<const int32_t*>(src), n, zero, s, y); break;
+    case ScalarType::Byte: dequantize_any<uint8_t>(q, p, y); break;
+    case ScalarType::Char: dequantize_any<int8_t>(q, p, y); break;
+    case ScalarType::UInt16: dequantize_any<uint16_t>(q, p, y); break;
+    case ScalarType::Short: dequantize_any<int16_t>(q, p, y); break;
+    default: dequantize_any<int32_t>(q, p, y); break;
   }
   return out;
 }
@@ -114,8 +166,8 @@ Tensor dequantize_linear_cpu(const Tensor& q, const Tensor& scale, const std::op
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
-  m.def("quantize_linear(Tensor x, Tensor scale, Tensor? zero_point, ScalarType dtype) -> Tensor");
-  m.def("dequantize_linear(Tensor q, Tensor scale, Tensor? zero_point) -> Tensor");
+  m.def("quantize_linear(Tensor x, Tensor numbers) -> Tensor");
+  m.def("dequantize_linear(Tensor q, Tensor numbers) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
