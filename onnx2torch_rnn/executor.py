@@ -5,8 +5,9 @@ its hook checks, then the child's forward. That is most of a small node's cost (
 the call through fx and __call__ took 15-30% of a whole call). ``install`` wraps a converted GraphModule's forward:
 an inference call (no grad; not compiling, exporting or tracing) where no child of the graph has hooks and no global
 hooks are set runs the same generated code with ``self`` standing for a namespace whose attribute for each child is
-that child's bound forward (every other name is read from the GraphModule). Any other call runs fx's forward as it
-is. The namespace is made on first use and again when a child is replaced. A converted graph is a ``Graph``: fx's
+that child's bound forward and whose attribute for each parameter or buffer the graph reads is that tensor (every
+other name is read from the GraphModule). Any other call runs fx's forward as it is. The namespace is made on first
+use and again when a child, a parameter or a buffer of the graph is replaced. A converted graph is a ``Graph``: fx's
 GraphModule whose forward stays wrapped when fx writes it again (a graph edit's recompile, a deepcopy, unpickling;
 pickling itself recompiles the original). The wrapper also keeps a small model's torch ops on one thread at
 inference (threads.py), where the model is marked for it.
@@ -15,6 +16,7 @@ inference (threads.py), where the model is marked for it.
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 from torch import fx, nn
@@ -24,10 +26,14 @@ from .torch_compat import module_internals, unpickle_graph_module
 
 
 class _Namespace:
-    """``self`` of a fast call: the children's bound forwards; other names from the GraphModule."""
+    """``self`` of a fast call: the children's bound forwards and the parameters and buffers the graph reads
+    (``get_attr`` nodes: a read through nn.Module.__getattr__ costs ~1 us); other names from the GraphModule."""
 
     def __init__(self, module: fx.GraphModule):
         self.__dict__.update({name: child.forward for name, child in module.named_children()})
+        self.__dict__.update({name: value for name in _read_attributes(module)
+                              for value in [module._parameters.get(name, module._buffers.get(name))]
+                              if value is not None})
         self.__dict__[" module"] = module  # not an identifier: no graph name can reach it
 
     def __getattr__(self, name: str):
@@ -35,22 +41,37 @@ class _Namespace:
 
 
 class _State:
-    """The children it was made for, their hook dicts, and the namespace (None: the graph reads a child's
-    attributes, so a bound forward cannot stand for it). Never copied nor pickled: a copy makes its own."""
+    """What the namespace was made for (``values``: the children, the graph's own parameters and buffers), the
+    children's forward hook dicts, and the namespace (None: the graph reads a child's attributes, so a bound forward
+    cannot stand for it). Never copied nor pickled: a copy makes its own."""
 
-    __slots__ = ("children", "hooks", "namespace")
+    __slots__ = ("hooks", "namespace", "values")
 
-    def __init__(self, module: fx.GraphModule, children: tuple):
-        self.children = children
-        self.hooks = tuple(hooks for child in children for hooks in (
-            child._forward_pre_hooks, child._forward_hooks, child._backward_pre_hooks, child._backward_hooks))
+    def __init__(self, module: fx.GraphModule, values: tuple):
+        self.values = values
+        # backward hooks need not be seen: at inference (no grad) nn.Module.__call__ sets none up
+        self.hooks = tuple(hooks for child in module._modules.values()
+                           for hooks in (child._forward_pre_hooks, child._forward_hooks))
         self.namespace = _Namespace(module) if _calls_children_only(module) else None
+
+    def made_for(self, values: tuple) -> bool:
+        return len(values) == len(self.values) and all(map(operator.is_, values, self.values))
 
     def __deepcopy__(self, memo):
         return None
 
     def __reduce__(self):
         return type(None), ()
+
+
+def _values(module: fx.GraphModule) -> tuple:
+    """What a namespace depends on: replacing a child, a parameter or a buffer (an assignment, ``.to()``,
+    ``load_state_dict(assign=True)``) changes it."""
+    return (*module._modules.values(), *module._parameters.values(), *module._buffers.values())
+
+
+def _read_attributes(module: fx.GraphModule) -> set[str]:
+    return {node.target for node in module.graph.nodes if node.op == "get_attr" and "." not in node.target}
 
 
 def _calls_children_only(module: fx.GraphModule) -> bool:
@@ -65,8 +86,8 @@ def _calls_children_only(module: fx.GraphModule) -> bool:
 
 
 def _global_hooks() -> bool:
-    return bool(module_internals._global_forward_hooks or module_internals._global_forward_pre_hooks
-                or module_internals._global_backward_hooks or module_internals._global_backward_pre_hooks)
+    """Whether a global forward hook is set (backward ones need not be seen: see _State)."""
+    return bool(module_internals._global_forward_hooks or module_internals._global_forward_pre_hooks)
 
 
 def _inference() -> bool:
@@ -80,10 +101,10 @@ def _namespace(module: fx.GraphModule) -> _Namespace | None:
     written."""
     if _global_hooks():
         return None
-    children = tuple(module._modules.values())
+    values = _values(module)
     state = module.__dict__.get("_fast_state")
-    if state is None or state.children != children:
-        state = module.__dict__["_fast_state"] = _State(module, children)
+    if state is None or not state.made_for(values):
+        state = module.__dict__["_fast_state"] = _State(module, values)
     return None if any(state.hooks) else state.namespace
 
 

@@ -109,6 +109,27 @@ def test_replaced_child_is_called():
         torch.testing.assert_close(module(x), torch.log(before), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("how", ["setattr", "dict", "to"])
+def test_replaced_weights_are_read(how):
+    """The namespace holds the parameters and buffers the graph reads: one replaced afterwards (an assignment, a
+    write to the module's dict, ``.to()``) is the one the next call reads."""
+    module = onnx2torch_rnn.convert(chain_model())
+    x = _x()
+    with torch.no_grad():
+        module(x)
+        assert _fast_state(module).namespace.w is module.w  # read without nn.Module.__getattr__
+        w = torch.nn.Parameter(module.w * 2)
+        if how == "setattr":
+            module.w = w
+        elif how == "dict":
+            module._parameters["w"] = w
+        else:
+            module.to(torch.float64)
+            x = x.double()
+        torch.testing.assert_close(module(x), module.forward.__wrapped__(module, x), rtol=0, atol=0)
+        assert _fast_state(module).namespace.w is module.w
+
+
 def test_branches_take_it_and_see_hooks():
     """An If's branches are converted graphs of their own: fast too, and a hook inside a branch runs."""
     model = if_model(17)
