@@ -50,8 +50,13 @@ def _runtime() -> tuple[Callable[[int], None], Callable[[int], int] | None] | No
 
 
 def _small_call(args: tuple, kwargs: dict) -> bool:
-    tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, Tensor)]
-    return all(t.is_cpu for t in tensors) and sum(t.numel() for t in tensors) <= INPUT_ELEMENTS
+    elements = 0
+    for value in (*args, *kwargs.values()) if kwargs else args:  # a loop: this runs at every call
+        if isinstance(value, Tensor):
+            if not value.is_cpu:
+                return False
+            elements += value.numel()
+    return elements <= INPUT_ELEMENTS
 
 
 def enter(args: tuple, kwargs: dict) -> None:
@@ -64,7 +69,10 @@ def enter(args: tuple, kwargs: dict) -> None:
         set_openmp, set_mkl = runtime
         set_openmp(1)
         saved = (threads, set_mkl(1) if set_mkl else 0)
-    _FORWARDS.__dict__.setdefault("stack", []).append(saved)
+    try:
+        _FORWARDS.stack.append(saved)
+    except AttributeError:  # this thread's first call
+        _FORWARDS.stack = [saved]
 
 
 def leave() -> None:

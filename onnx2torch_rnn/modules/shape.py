@@ -20,7 +20,7 @@ from types import MappingProxyType
 import torch
 
 from .. import torch_compat
-from .common import Module, attributes_repr, ceil_div, trunc_div
+from .common import Module, attributes_repr, ceil_div, eager, kept_geometry, trunc_div
 
 
 def ints(static: Sequence[int] | None, tensor: torch.Tensor | list | None) -> list[int] | None:
@@ -248,7 +248,8 @@ class Gather(_Attributes):
         if indices.dim() == 0:  # as index_select: indexing would read the index as a Python int (no while_loop body)
             return data.index_select(axis, wrap(indices, data.shape[axis]).reshape(1)).squeeze(axis)
         # Advanced indexing with one index tensor is exactly Gather, negative indices included.
-        return data[(slice(None),) * axis + (indices.long(),)]
+        indices = indices if indices.dtype == torch.int64 else indices.long()
+        return data[(slice(None),) * axis + (indices,)] if axis else data[indices]
 
 
 class GatherElements(_Attributes):
@@ -354,9 +355,9 @@ class Expand(_Attributes):
     def forward(self, data, shape=None):
         # Bidirectional broadcasting: a target dim of 1 keeps the input's dim.
         target = ints(self.shape, shape)
-        # eager, plain sizes: torch.broadcast_shapes costs ~10 us of Python
-        if not torch.compiler.is_compiling() and isinstance(data, torch.Tensor) and isinstance(target, list | tuple):
-            size = broadcast_sizes(data.shape, target)
+        # eager, plain sizes: the broadcast kept per shapes (torch.broadcast_shapes costs ~10 us of Python)
+        if eager() and isinstance(data, torch.Tensor) and isinstance(target, list | tuple):
+            size = kept_geometry(self, (data.shape, *target), lambda: broadcast_sizes(data.shape, target))
             if size is not None:
                 return data.expand(size)
         return data.expand(torch.broadcast_shapes(data.shape, target))
