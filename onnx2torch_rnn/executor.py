@@ -10,7 +10,8 @@ other name is read from the GraphModule). Any other call runs fx's forward as it
 use and again when a child, a parameter or a buffer of the graph is replaced. A converted graph is a ``Graph``: fx's
 GraphModule whose forward stays wrapped when fx writes it again (a graph edit's recompile, a deepcopy, unpickling;
 pickling itself recompiles the original). The wrapper also keeps a small model's torch ops on one thread at
-inference (threads.py), where the model is marked for it.
+inference (threads.py), where the model is marked for it, and on its first fast call keeps malloc's freed memory for
+the next calls (allocator.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import operator
 import torch
 from torch import fx, nn
 
-from . import threads
+from . import allocator, threads
 from .torch_compat import module_internals, unpickle_graph_module
 
 
@@ -105,6 +106,7 @@ def _namespace(module: fx.GraphModule) -> _Namespace | None:
     state = module.__dict__.get("_fast_state")
     if state is None or not state.made_for(values):
         state = module.__dict__["_fast_state"] = _State(module, values)
+        allocator.keep_freed_memory()
     return None if any(state.hooks) else state.namespace
 
 
