@@ -343,27 +343,51 @@ def test_packed_weights_are_cached_per_version_and_forgotten_with_their_tensors(
 
 
 def test_a_stack_is_packed_once_per_version(monkeypatch):
-    """A StackedRecurrent's layers are one entry of op.PACKS: packed once, a layer again only when its weight changes
-    in place or is replaced; the numbers are then the new weights' (torch's path, with grad)."""
+    """A StackedRecurrent packs its layers once (op.Kept), and all of them again only when a weight changes in place
+    (an optimizer step, load_state_dict) or is replaced; the numbers are then the new weights' (torch's path, with
+    grad)."""
     import onnx2torch_rnn  # the bundled tagger: a 2-layer bidirectional LSTM stack
 
     packs = []
     pack = op._PACK
     monkeypatch.setattr(op, "_PACK", lambda *args: packs.append(args[1]) or pack(*args))
-    module = onnx2torch_rnn.convert(Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx")
+    path = Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx"
+    module, other = onnx2torch_rnn.convert(path), onnx2torch_rnn.convert(path)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.5)
     tokens = torch.randint(0, 50, (2, 9))
     layers = module.lstm_LSTM.layers
     with torch.no_grad():
         module(tokens)
-    for packed, change in ((0, lambda: None), (1, lambda: layers[1].rnn.weight_hh_l0.detach().mul_(0.5)),
-                           (1, lambda: setattr(layers[0].rnn, "weight_ih_l0",
-                                               torch.nn.Parameter(layers[0].rnn.weight_ih_l0 * 2)))):
+    for packed, change in ((0, lambda: None), (2, lambda: layers[1].rnn.weight_hh_l0.detach().mul_(0.5)),
+                           (2, lambda: setattr(layers[0].rnn, "weight_ih_l0",
+                                               torch.nn.Parameter(layers[0].rnn.weight_ih_l0 * 2))),
+                           (2, lambda: module.load_state_dict(other.state_dict()))):
         change()
         packs.clear()
         with torch.no_grad():
             got = [module(tokens) for _ in range(3)]
-        assert len(packs) == packed  # the changed layer once, on the first call
+        assert len(packs) == packed  # every layer once, on the first call
         torch.testing.assert_close(got[-1], module(tokens).detach())
+    torch.testing.assert_close(got[-1], other(tokens).detach())
+
+
+def test_frozen_layers_pass_the_gradient_to_their_input():
+    """Weights that need no gradient but an input that does (a frozen recurrent layer under a trained embedding):
+    the path autograd differentiates runs, not the native kernel's ops, which have no derivative."""
+    import onnx2torch_rnn
+
+    module = onnx2torch_rnn.convert(Path(__file__).resolve().parents[1] / "examples" / "bilstm_tagger.onnx")
+    module.requires_grad_(False)
+    stack = module.lstm_LSTM
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    for run in (lambda: stack(x), lambda: stack.layers[0](x.transpose(0, 1))):
+        x.grad = None
+        run().sum().backward()
+        expected = torch.autograd.grad(run().sum(), x)[0]  # the same call again: a gradient, not None
+        assert x.grad is not None and x.grad.abs().sum() > 0
+        torch.testing.assert_close(x.grad, expected)
 
 
 def python_weights(module) -> dict:

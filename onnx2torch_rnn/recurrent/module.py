@@ -14,7 +14,6 @@ the fast path, when torch's kernel computes exactly the ONNX numbers (cells.py: 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
@@ -42,9 +41,10 @@ class FastWeights:
 
 
 def native_inference(X: Tensor, tensors: Iterable[Tensor | None]) -> bool:
-    """Whether an eager call runs the native kernel: nothing needs a gradient, X is on CPU, the kernel is loaded and
-    no torch.jit trace is recording (the TorchScript exporter records the Python path op by op)."""
-    return not needs_grad(tensors) and X.is_cpu and kernel.loaded() and not torch.jit.is_tracing()
+    """Whether an eager call runs the native kernel: nothing needs a gradient (neither X nor ``tensors``: the
+    kernel's ops have no derivative), X is on CPU, the kernel is loaded and no torch.jit trace is recording (the
+    TorchScript exporter records the Python path op by op)."""
+    return (not needs_grad((X, *tensors)) and X.is_cpu and kernel.loaded() and not torch.jit.is_tracing())
 
 
 class Recurrent(Module):
@@ -329,25 +329,26 @@ class StackedRecurrent(Module):
         """(y, h_n, c_n) by the native stack op (op.py: recurrent_stack), the same computation as
         ``_layer_by_layer``, in eager inference on the native kernel, where the Python around each layer (its call,
         the transpositions between layers) costs as much as its kernel at batch 1. None (``_layer_by_layer`` runs)
-        unless that is the same computation: every layer a Recurrent whose forward is Recurrent's (a converter may
-        give a layer another module), without hooks (they still run), the layers' own constant lengths (if any) all
+        unless that is the same computation (``_NativeStack`` decides what it can once per set of layers): no layer
+        with hooks (they still run), nothing that needs a gradient, the layers' own constant lengths (if any) all
         the same, the first layer's directions reading the same steps of x (its window)."""
-        if type(next(iter(self.layers))).forward is not Recurrent.forward or torch.compiler.is_compiling() or not (
-                native_inference(x, itertools.chain(states, self.parameters()))):
+        if torch.compiler.is_compiling() or not x.is_cpu or torch.jit.is_tracing():
             return None
-        weights, counts, configs, constant_lengths = [], [], [], set()
-        for layer in self.layers:  # one pass: a batch-1 call notices each loop over the layers
-            if type(layer).forward is not Recurrent.forward or has_forward_hooks(layer) or layer.config.state_dtype:
+        layers = tuple(self._modules["layers"]._modules.values())  # not self.layers: nn.Module's lookup is slow
+        plan = self.__dict__.get("_native_stack")
+        if plan is None or plan.layers != layers:
+            if not kernel.loaded():
                 return None
-            own = [w for w in layer.weights() if w is not None]
-            weights += own
-            counts.append(len(own))
-            configs.append(layer.op_config)
-            constant_lengths.add(layer.sequence_lens)
-        if lengths is None and constant_lengths != {None}:
-            if len(constant_lengths) > 1:
+            plan = self.__dict__["_native_stack"] = _NativeStack(layers)
+        if not plan.usable or any(map(has_forward_hooks, layers)):
+            return None
+        weights = [own[name] for own, name in plan.sources]
+        if torch.is_grad_enabled() and needs_grad((x, *weights, *initial_h, *initial_c)):  # no tuple without grad
+            return None
+        if lengths is None and plan.lengths_from is not None:
+            if plan.lengths_differ:
                 return None
-            lengths = buffer_dict(layer)["static_lens"]
+            lengths = buffer_dict(plan.lengths_from)["static_lens"]
         batch_first = self.batch_first
         if self.window is not None:
             x = x.transpose(0, 1) if batch_first else x
@@ -355,8 +356,11 @@ class StackedRecurrent(Module):
             if window is None:
                 return None
             x, batch_first = x[window[0]:window[1]], False
-        return op.run_stack(x, weights, tuple(counts), tuple(configs), lengths, initial_h, initial_c, batch_first,
-                            self.batch_first_output, self.merge_output, self.last_states)
+        key = (x.dtype == torch.float64, batch_first, self.batch_first_output, self.merge_output, self.last_states)
+        packed, numbers = plan.kept.get(weights, key, lambda: plan.pack(weights, key))
+        given = [] if all(s is None for s in (*initial_h, *initial_c)) else [
+            s for pair in zip(initial_h, initial_c, strict=True) for s in pair]
+        return op.run_stack(x, packed, numbers, lengths, given)
 
     @staticmethod
     def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
@@ -385,6 +389,47 @@ class StackedRecurrent(Module):
             if any(where is not None for where in getattr(self, name)):
                 parts.append(f"{name}={list(getattr(self, name))}")
         return ", ".join(parts)
+
+
+class _NativeStack:
+    """What StackedRecurrent._native decides once for its layers, not at every call (a batch-1 call notices each
+    check): whether the native stack op computes what they do (every layer a Recurrent whose forward is Recurrent's,
+    as a converter may give a layer another module, without state_dtype), where each layer's weights are read (its
+    parameter dict, live: a replaced parameter is seen), the layers' configs, which layer's constant lengths apply;
+    and the packed weights (op.Kept). A copy of the module (deepcopy, pickle) starts without one."""
+
+    __slots__ = ("configs", "counts", "kept", "layers", "lengths_differ", "lengths_from", "sources", "usable")
+
+    def __init__(self, layers: tuple = ()):
+        self.layers, self.usable, self.kept = layers, bool(layers), op.Kept()
+        self.sources, self.counts, self.configs, self.lengths_from = [], [], [], None
+        constant_lengths = set()
+        for layer in layers:
+            if type(layer).forward is not Recurrent.forward or layer.config.state_dtype:
+                self.usable = False
+                return
+            own, names = ((layer._fast_weights.parameters, layer._fast_weights.names) if layer.fast
+                          else (parameter_dict(layer), "WRBP"))
+            self.sources += [(own, name) for name in names]
+            self.counts.append(len(names))
+            self.configs.append(layer.op_config)
+            constant_lengths.add(layer.sequence_lens)
+            self.lengths_from = layer if layer.sequence_lens is not None else self.lengths_from
+        self.lengths_differ = len(constant_lengths) > 1
+
+    def __reduce__(self):
+        return _NativeStack, ()
+
+    def pack(self, weights: list[Tensor | None], key: tuple) -> tuple[Tensor, Tensor]:
+        """The stack op's packed weights and numbers (op.pack_stack) for ``weights`` (``sources``' tensors, None
+        where a layer has no such weight) and ``key``: float64, then the op's four flags."""
+        present, counts, start = [], [], 0
+        for count in self.counts:
+            own = [w for w in weights[start:start + count] if w is not None]
+            present += own
+            counts.append(len(own))
+            start += count
+        return op.pack_stack(present, tuple(counts), tuple(self.configs), key[0], key[1:])
 
 
 class LoopedRecurrent(Module):

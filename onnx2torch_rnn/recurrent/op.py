@@ -159,6 +159,36 @@ class PackCache:
         return packed
 
 
+class Kept:
+    """What one module makes from its weight tensors (their packed form), held by that module: made again when a
+    tensor is another object or was changed in place (its version counter), or ``key`` (what else it depends on)
+    differs. For a module at batch 1, cheaper than PACKS: no ids to hash, and the module holds its tensors anyway.
+    Inference tensors have no version counter: made at every call. A copy of the module (deepcopy, pickle) starts
+    empty."""
+
+    __slots__ = ("key", "tensors", "value", "versions")
+
+    def __init__(self):
+        self.key, self.tensors, self.versions, self.value = None, (), (), None
+
+    def __reduce__(self):
+        return Kept, ()
+
+    def get(self, tensors: list, key, make):
+        """``make()``, or what it made last for these tensors (None entries allowed) and ``key``."""
+        if (key == self.key and len(tensors) == len(self.tensors) and all(map(operator.is_, tensors, self.tensors))
+                and _versions(tensors) == self.versions):
+            return self.value
+        value = make()
+        if not any(t.is_inference() for t in tensors if t is not None):
+            self.key, self.tensors, self.versions, self.value = key, tuple(tensors), _versions(tensors), value
+        return value
+
+
+def _versions(tensors) -> list[int]:
+    return [t._version for t in tensors if t is not None]
+
+
 def native(X, weights, config, sequence_lens, initial_h, initial_c, mask):
     """The op on the native kernel (loaded, X on CPU)."""
     try:
@@ -188,32 +218,36 @@ _LIBRARY.impl("recurrent_differentiable", lambda *args: torch.ops.onnx2torch_rnn
 
 
 # StackedRecurrent's eager inference on the native kernel (module.py): the whole stack of layout-0 layers without
-# masks in one call. ``packed`` holds each layer's packed weights, ``configs`` their config numbers, ``sizes`` their
-# hidden and input sizes, layer after layer (recurrent_pack's); the flags are StackedRecurrent's. Returns y, h_n, c_n
-# (empty where the layers do not compute them).
-_LIBRARY.define("recurrent_stack(Tensor X, Tensor[] packed, int[] configs, int[] sizes, Tensor? sequence_lens, "
-                "Tensor?[] initial_h, Tensor?[] initial_c, bool batch_first, bool batch_first_output, "
-                "bool merge_output, bool last_states) -> (Tensor, Tensor, Tensor)")
+# masks in one call, on what ``pack_stack`` makes once per version of the weights (kernel/recurrent.cpp says what the
+# arguments hold): few arguments, as each boxed one costs a batch-1 call about a microsecond. ``states``: empty, or
+# every layer's initial_h and initial_c in turn. Returns y, h_n, c_n (empty where the layers do not compute them).
+_LIBRARY.define("recurrent_stack(Tensor X, Tensor packed, Tensor numbers, Tensor? sequence_lens, Tensor?[] states) "
+                "-> (Tensor, Tensor, Tensor)")
 
 
-def run_stack(X, weights: list[Tensor], counts: tuple[int, ...], configs: tuple[str, ...], sequence_lens,
-              initial_h: list, initial_c: list, *flags: bool):
-    """The stack op: ``weights`` every layer's in turn, ``counts`` how many each layer takes, ``configs`` the
-    layers' configs. The layers' packed weights are one PACKS entry (a batch-1 call notices a lookup per layer),
-    made of the layers' own (a changed layer is packed again, the others not)."""
-    def pack_layers():
-        packed, numbers, sizes, offset = [], [], [], 0
-        for config, count in zip(configs, counts, strict=True):
-            tensor, number, hidden, input_size = PACKS.get(weights[offset:offset + count], config, X.dtype)
-            packed.append(tensor)
-            numbers.append(number)
-            sizes += (hidden, input_size)
-            offset += count
-        return packed, numbers, sizes
-
+def pack_stack(weights: list[Tensor], counts: tuple[int, ...], configs: tuple[str, ...], float64: bool,
+               flags: tuple[bool, ...]) -> tuple[Tensor, Tensor]:
+    """The stack op's ``packed`` and ``numbers``: ``weights`` every layer's in turn, ``counts`` how many each layer
+    takes, ``configs`` the layers' configs, ``flags`` StackedRecurrent's batch_first, batch_first_output,
+    merge_output and last_states. Checks the weights as recurrent_pack does (their errors are the op's)."""
+    packs, numbers, offset, start = [], [*map(int, flags)], 0, 0
     try:
-        packed, numbers, sizes = PACKS.made(weights, (configs, counts, X.dtype == torch.float64), pack_layers)
-        return caller_threads(_STACK, X, packed, numbers, sizes, sequence_lens, initial_h, initial_c, *flags)
+        for config, count in zip(configs, counts, strict=True):
+            number = config_number(config)
+            tensor, hidden, input_size = _PACK(weights[start:start + count], number, float64)
+            packs.append(tensor)
+            numbers += (number, hidden, input_size, offset)
+            offset += tensor.numel()
+            start += count
+    except RuntimeError as error:
+        raise _checked(error) from None
+    return torch.cat(packs), torch.tensor(numbers, dtype=torch.int64)
+
+
+def run_stack(X, packed: Tensor, numbers: Tensor, sequence_lens, states: list):
+    """The stack op on ``pack_stack``'s tensors, with the caller's threads."""
+    try:
+        return caller_threads(_STACK, X, packed, numbers, sequence_lens, states)
     except RuntimeError as error:
         raise _checked(error) from None
 

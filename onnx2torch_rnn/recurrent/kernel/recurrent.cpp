@@ -243,14 +243,15 @@ void pack(const Config& c, const Weights& w, const PackedLayout& at, int64_t lan
 // not show to C++.
 template <typename T>
 std::vector<Packed<T>> unpacked(const Config& c, const Tensor& buffer, int64_t hidden, int64_t input,
-                                bool has_peepholes) {
+                                bool has_peepholes, int64_t offset, bool whole) {
   const PackedLayout at(c, hidden, input, has_peepholes, Vec<T>::lanes);
+  const int64_t end = offset + at.size * c.directions;
   STD_TORCH_CHECK(buffer.scalar_type() == torch::headeronly::CppTypeToScalarType<T>::value && buffer.is_contiguous() &&
-                  buffer.numel() == at.size * c.directions,
+                  offset >= 0 && (whole ? buffer.numel() == end : buffer.numel() >= end),
               "recurrent op: packed weights of another node");
   std::vector<Packed<T>> packed(c.directions);
   for (int d = 0; d < c.directions; ++d) {
-    const T* base = buffer.mutable_data_ptr<T>() + d * at.size;
+    const T* base = buffer.mutable_data_ptr<T>() + offset + d * at.size;
     const bool split = c.cell == CellType::GRU && !c.linear_before_reset;
     packed[d] = {base + at.input, base + at.bias, base + at.recurrent, split ? base + at.candidate : nullptr,
                  c.cell == CellType::GRU && !split ? base + at.inner : nullptr,
@@ -995,6 +996,8 @@ struct Node {
   const std::vector<int64_t>& lens;
   const std::optional<Tensor>&h0, &c0;
   const std::vector<char>& mask;
+  int64_t offset = 0;  // where the node's weights start in its packed tensor: a stack's holds every layer's
+  bool whole = true;   // the packed tensor holds this node's weights alone
 };
 
 template <typename T>
@@ -1007,7 +1010,8 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Node& node, const 
   const int64_t gh = c.gates * hidden;
   const int64_t hpad = (hidden + L - 1) / L * L, blocks = hpad / L;
   const Dims state_shape = c.layout ? Dims{batch, D, hidden} : Dims{D, batch, hidden};
-  const std::vector<Packed<T>> packed = unpacked<T>(c, packs, hidden, input, has_peepholes(c));
+  const std::vector<Packed<T>> packed =
+      unpacked<T>(c, packs, hidden, input, has_peepholes(c), node.offset, node.whole);
 
   // One workspace: the input projection [D, T·N, blocks·gates·lanes], then h (twice), C, z, r·H and the held
   // outputs, [D, N, hpad] each.
@@ -1223,21 +1227,26 @@ Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
 
 // StackedRecurrent.forward (recurrent/module.py, which documents the arguments) in one call: at batch 1 the Python
 // around each layer (its op call, the transpositions and concatenations between layers) costs as much as the
-// layers' work. `configs` numbers the layers' configs (layout 0, no mask), `packs` holds their packed weights and
-// `sizes` their hidden and input sizes (recurrent_pack's), layer after layer; initial_h / initial_c hold each layer's
-// states (or None). Returns y, h_n, c_n (empty
-// where the layers do not compute them). A batch-first X is read as it is, and each layer writes its Y where the
-// next one (or the caller) reads it: no transposition.
-std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(
-    const Tensor& X, const Tensors& packs, const std::vector<int64_t>& configs, const std::vector<int64_t>& sizes,
-    const std::optional<Tensor>& sequence_lens, const std::vector<std::optional<Tensor>>& initial_h,
-    const std::vector<std::optional<Tensor>>& initial_c, bool batch_first, bool batch_first_output,
-    bool merge_output, bool last_states) {
+// layers' work. `packed` holds every layer's packed weights one after the other (recurrent_pack's), `numbers`
+// (int64, made once per stack in Python: each boxed argument costs a batch-1 call about a microsecond) the flags
+// batch_first, batch_first_output, merge_output, last_states, then per layer its config's number (layout 0, no
+// mask), hidden and input sizes and where its weights start in `packed`; `states` is empty (no initial states) or
+// holds each layer's initial_h and initial_c (or None) in turn. Returns y, h_n, c_n (empty where the layers do not
+// compute them). A batch-first X is read as it is, and each layer writes its Y where the next one (or the caller)
+// reads it: no transposition.
+std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(const Tensor& X, const Tensor& packed, const Tensor& numbers,
+                                                       const std::optional<Tensor>& sequence_lens,
+                                                       const std::vector<std::optional<Tensor>>& states) {
   const OneThread one;
-  const size_t count = configs.size();
-  CHECK_VALUE(count > 0 && count == packs.size() && 2 * count == sizes.size() && count == initial_h.size() &&
-                  count == initial_c.size(),
-              "recurrent_stack: one config, packed weights, two sizes and initial state per layer");
+  constexpr int64_t kFlags = 4, kPerLayer = 4;
+  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.dim() == 1 && numbers.is_contiguous() &&
+                  numbers.numel() > kFlags && (numbers.numel() - kFlags) % kPerLayer == 0,
+              "recurrent_stack: numbers must be int64 [4 + 4 * layers]");
+  const int64_t* at = numbers.const_data_ptr<int64_t>();
+  const bool batch_first = at[0], batch_first_output = at[1], merge_output = at[2], last_states = at[3];
+  const size_t count = (numbers.numel() - kFlags) / kPerLayer;
+  CHECK_VALUE(states.empty() || states.size() == 2 * count, "recurrent_stack: no initial states or two per layer");
+  const std::optional<Tensor> none;
   Tensor x = X;
   bool swapped = batch_first && X.dim() == 3;  // x is [N, T, I] where the layers take [T, N, I]
   std::vector<int64_t> lens;
@@ -1245,19 +1254,22 @@ std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(
   std::vector<Tensor> h_n, c_n;
   const Config* first = nullptr;
   for (size_t l = 0; l < count; ++l) {
-    const Config& c = NumberedConfigs::get().at(configs[l]);
+    const int64_t* layer = at + kFlags + kPerLayer * l;  // config, hidden, input, offset
+    const Config& c = NumberedConfigs::get().at(layer[0]);
     first = first ? first : &c;
     CHECK_VALUE(c.layout == 0 && c.mask_output < 0, "recurrent_stack: layers are layout 0 without a mask");
-    const int64_t hidden = sizes[2 * l];
-    check_inputs(c, x, hidden, sizes[2 * l + 1], initial_h[l], initial_c[l], swapped);
+    const int64_t hidden = layer[1];
+    const std::optional<Tensor>& h0 = states.empty() ? none : states[2 * l];
+    const std::optional<Tensor>& c0 = states.empty() ? none : states[2 * l + 1];
+    check_inputs(c, x, hidden, layer[2], h0, c0, swapped);
     const int64_t steps = x.size(swapped ? 1 : 0), batch = x.size(swapped ? 0 : 1);
     if (l == 0) lens = partial_lengths(sequence_lens, steps, batch);  // after X's checks, as per layer
     const bool last = l + 1 == count, out_batch_first = last && batch_first_output;
     const OutputLayout y_at = last && !merge_output
                                   ? node_output(false, steps, c.directions, batch, hidden, out_batch_first)
                                   : merged_output(out_batch_first, steps, c.directions, batch, hidden);
-    const Node node{x, swapped, steps, batch, hidden, lens, initial_h[l], initial_c[l], no_mask};
-    auto [y, y_h, y_c] = run_node(c, node, packs[l], one.threads(), y_at);
+    const Node node{x, swapped, steps, batch, hidden, lens, h0, c0, no_mask, layer[3], false};
+    auto [y, y_h, y_c] = run_node(c, node, packed, one.threads(), y_at);
     CHECK_VALUE(c.outputs[0] || last, "recurrent_stack: a layer below the last must compute Y");
     h_n.push_back(y_h);
     c_n.push_back(y_c);
