@@ -40,8 +40,8 @@ def pad(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], mode: str =
     without asking which (asking would pin the sizes).
     """
     if mode == "constant":
-        flat = [amount for b, e in zip(reversed(begins), reversed(ends), strict=True) for amount in (b, e)]
-        if all(type(a) is int and a == 0 for a in flat) or all(known_true(a == 0) for a in flat):
+        flat = _constant_amounts(begins, ends)
+        if not flat:
             return x
         if x.dtype == torch.bool:  # F.pad has no bool kernel
             return F.pad(x.to(torch.uint8), flat, value=int(bool(value))).to(torch.bool)
@@ -54,6 +54,14 @@ def pad(x: torch.Tensor, begins: Sequence[int], ends: Sequence[int], mode: str =
         if not (known_true(b == 0) and known_true(e == 0)):
             x = x.index_select(axis, _pad_indices(x.shape[axis], b, e, mode, x.device))
     return x
+
+
+def _constant_amounts(begins: Sequence[int], ends: Sequence[int]) -> list:
+    """F.pad's amounts (last axis first), or [] where nothing is padded."""
+    flat = [amount for b, e in zip(reversed(begins), reversed(ends), strict=True) for amount in (b, e)]
+    if all(type(a) is int and a == 0 for a in flat) or all(known_true(a == 0) for a in flat):
+        return []
+    return flat
 
 
 def _pad_indices(n: int, before: int, after: int, mode: str, device) -> torch.Tensor:
@@ -78,15 +86,22 @@ class Pad(Module):
         self.mode, self.pads, self.value, self.axes = mode, pads, value, axes
 
     def forward(self, x, pads=None, value=None, axes=None):
-        pads = ints(self.pads, pads)  # run-time pads: only known here (ints where computed from sizes)
+        if pads is value is axes is None and self.mode == "constant" and x.dtype != torch.bool and eager():
+            # static constant padding: F.pad's amounts kept per rank (their Python cost as much as F.pad itself)
+            amounts = kept_geometry(self, x.dim(), lambda: _constant_amounts(*self._amounts(x.dim(), None, None)))
+            return F.pad(x, amounts, value=self.value) if amounts else x
         value = self.value if value is None else value.item()
+        return pad(x, *self._amounts(x.dim(), pads, axes), self.mode, value)
+
+    def _amounts(self, rank: int, pads, axes) -> tuple[list, list]:
+        """(begins, ends) per axis."""
+        pads = ints(self.pads, pads)  # run-time pads: only known here (ints where computed from sizes)
         axes = ints(self.axes, axes)
-        rank = x.dim()
         axes = list(range(rank)) if axes is None else [a % rank for a in axes]
         begins, ends = [0] * rank, [0] * rank
         for i, axis in enumerate(axes):
             begins[axis], ends[axis] = pads[i], pads[i + len(axes)]
-        return pad(x, begins, ends, self.mode, value)
+        return begins, ends
 
     def extra_repr(self) -> str:
         return attributes_repr(self, ["mode", "pads", "value", "axes"])
