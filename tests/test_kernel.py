@@ -323,19 +323,26 @@ def test_inference_mode_weights():
 
 
 def test_packed_weights_are_cached_per_version_and_forgotten_with_their_tensors(monkeypatch):
-    """op.PACKS packs a node's weights once per version and holds them weakly: an entry leaves with its tensors (a
-    later tensor may get a freed one's id, and must not get its packed weights)."""
+    """op.PACKS (the op's CPU implementation: compiled and exported programs) packs a node's weights once per version
+    and holds them weakly: an entry leaves with its tensors (a later tensor may get a freed one's id, and must not
+    get its packed weights). A module's eager calls pack once per version too, into the module's own op.Kept."""
     packs = []
     pack = op._PACK
     monkeypatch.setattr(op, "_PACK", lambda *args: packs.append(args[1]) or pack(*args))
     module, X = lstm(clip=5.0), torch.randn(6, 2, 3)
+
+    def through_the_op(m):
+        return op._RECURRENT(X, [m.W, m.R, m.B], m.op_config, None, None, None, None)
+
     with torch.no_grad():
-        for _ in range(3):
-            module(X)
-        assert len(packs) == 1
-        module.R.mul_(0.5)
-        module(X)
-        assert len(packs) == 2
+        for call in (through_the_op, lambda m: m(X)):
+            packs.clear()
+            for _ in range(3):
+                call(module)
+            assert len(packs) == 1
+            module.R.mul_(0.5)
+            call(module)
+            assert len(packs) == 2
     keys = [key for key in op.PACKS._entries if id(module.R) in key]
     assert len(keys) == 1
     del module

@@ -231,3 +231,40 @@ def test_quantize_and_dequantize_linear_match_python(dtype, zero_point, monkeypa
         got = q.DequantizeLinear(constants=(scale, zp))(view(values))
         assert torch.equal(got, q.dequantize(view(values), scale, zp))
     assert spy.called == {"quantize_linear", "dequantize_linear"}
+
+
+def test_a_module_repacks_its_weights_when_they_change():
+    """A DynamicQuantizeLSTM module holds its packed weights (op.Kept, by identity and version): a buffer changed in
+    place, by load_state_dict or replaced is packed again, and the numbers are the Python reference's."""
+    generator = torch.Generator().manual_seed(3)
+    hidden, size = 5, 4
+
+    def weights(shift: int) -> dict:
+        return {"W": integers(generator, torch.int8, (1, size, 4 * hidden)),
+                "R": integers(generator, torch.int8, (1, hidden, 4 * hidden)),
+                "W_scale": torch.tensor([0.02 + shift * 0.01]), "W_zero_point": torch.zeros(1, dtype=torch.int8),
+                "R_scale": torch.tensor([0.03]), "R_zero_point": torch.zeros(1, dtype=torch.int8)}
+
+    module, other = (q.DynamicQuantizeLSTM(quantized=weights(k), hidden_size=hidden, B=torch.randn(1, 8 * hidden))
+                     for k in range(2))
+    X = torch.randn(6, 2, size, generator=generator)
+
+    def check():
+        buffers = {name: getattr(module, buffer) for name, buffer in zip(module.QUANTIZED, module.BUFFERS,
+                                                                         strict=True)}
+        want = reference_dynamic_quantize_lstm(X, B=module.B, sequence_lens=None, initial_h=None, initial_c=None,
+                                               P=None, config=module.op_config, **buffers)
+        with torch.no_grad():
+            got = module(X)
+        assert_same(got, want, False, "module")
+        return got[0]
+
+    first = check()
+    for change in (lambda: module.R_quantized.copy_(torch.flip(module.R_quantized, [-1])),
+                   lambda: module.load_state_dict(other.state_dict()),
+                   lambda: setattr(module, "W_scale", module.W_scale * 2), lambda: module.B.mul_(0.5)):
+        with torch.no_grad():
+            change()
+        second = check()
+        assert not torch.equal(first, second)
+        first = second

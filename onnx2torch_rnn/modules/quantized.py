@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..recurrent import kernel
 from ..recurrent.cells import Cell, decode
-from ..recurrent.module import Recurrent, native_inference
+from ..recurrent.module import Recurrent
 from ..recurrent.op import PACKS, _checked, _owned, output_shapes
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
@@ -1451,11 +1451,11 @@ class DynamicQuantizeLSTM(Recurrent):
         P = P if (mine := parameters["P"]) is None else mine
         # one opaque node while compiling (the loop is not traced step by step); the native kernel in CPU inference
         compiling = torch.compiler.is_compiling()
-        if compiling or (X.dtype != torch.float64 and native_inference(X, (X, B, P, initial_h, initial_c))
-                         and kernel.loaded("int8")):
+        packed = None if compiling else self._native_weights(X, q, B, P, initial_h, initial_c)
+        if compiling or packed is not None:
             lens = buffers["static_lens"] if sequence_lens is None else sequence_lens
-            run = _DYNAMIC_QUANTIZE_LSTM if compiling else native_dynamic_quantize_lstm
-            outputs = run(X, q[0], q[1], B, lens, initial_h, initial_c, P, *q[2:], self.op_config)
+            outputs = (_DYNAMIC_QUANTIZE_LSTM(X, q[0], q[1], B, lens, initial_h, initial_c, P, *q[2:], self.op_config)
+                       if compiling else _run_packed(X, packed, lens, initial_h, initial_c))
             wanted = self.config.outputs
             outputs = [outputs[0] if wanted[0] else None, outputs[1] if wanted[1] else None,
                        outputs[2] if wanted[2] else None]
@@ -1468,6 +1468,18 @@ class DynamicQuantizeLSTM(Recurrent):
                                 lens, initial_h, initial_c, P, products=products)
         outputs = tuple(outputs[: self.num_outputs])
         return outputs[0] if self.num_outputs == 1 else outputs
+
+    def _native_weights(self, X: Tensor, q: list, B: Tensor | None, P: Tensor | None, initial_h: Tensor | None,
+                        initial_c: Tensor | None) -> Tensor | None:
+        """The weights packed for the native kernel where this eager call runs there (CPU inference, not float64),
+        else None. Held by the module (op.Kept: the same tensors at the same versions): the kernel is loaded where
+        they are (once loaded, it stays), so only packing asks."""
+        if X.dtype == torch.float64 or not X.is_cpu or torch.jit.is_tracing() or (
+                torch.is_grad_enabled() and needs_grad((X, B, P, initial_h, initial_c))):
+            return None
+        weights = [q[0], q[1], B, P, *q[2:]]
+        return self._packed.get(weights, self.op_config,
+                                lambda: _pack(weights, self.op_config) if kernel.loaded("int8") else None)
 
     def _kept_weights(self, w: Tensor, zero_point: Tensor, few_rows: bool) -> _Int8Weights:
         """The int8 layout of a weight buffer, kept between calls while the buffer is the same tensor, unchanged
@@ -1513,11 +1525,22 @@ def native_dynamic_quantize_lstm(X, W, R, B, sequence_lens, initial_h, initial_c
                                  R_zero_point, config):
     """The op on the native kernel (recurrent/kernel/dynamic_quantize_lstm.cpp; loaded, X on CPU, not float64): the
     weights packed by dynamic_quantize_lstm_pack once per version of each (PACKS), then the node on them."""
-    weights = (W, R, B, P, W_scale, W_zero_point, R_scale, R_zero_point)
+    weights = [W, R, B, P, W_scale, W_zero_point, R_scale, R_zero_point]
+    packed = PACKS.made([t for t in weights if t is not None], ("DynamicQuantizeLSTM", config, B is None, P is None),
+                        lambda: _pack(weights, config))
+    return _run_packed(X, packed, sequence_lens, initial_h, initial_c)
+
+
+def _pack(weights: list, config: str) -> Tensor:
+    """dynamic_quantize_lstm_pack of [W, R, B, P, W_scale, W_zero_point, R_scale, R_zero_point]."""
     try:
-        packed = PACKS.made([t for t in weights if t is not None],
-                            ("DynamicQuantizeLSTM", config, B is None, P is None),
-                            lambda: _NATIVE.dynamic_quantize_lstm_pack.default(*weights, config))
+        return _NATIVE.dynamic_quantize_lstm_pack.default(*weights, config)
+    except RuntimeError as error:
+        raise _checked(error) from None
+
+
+def _run_packed(X, packed, sequence_lens, initial_h, initial_c):
+    try:
         return _NATIVE.dynamic_quantize_lstm_packed.default(X, packed, sequence_lens, initial_h, initial_c)
     except RuntimeError as error:
         raise _checked(error) from None

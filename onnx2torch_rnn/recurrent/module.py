@@ -40,11 +40,13 @@ class FastWeights:
         return [self.parameters[name] for name in self.names]
 
 
-def native_inference(X: Tensor, tensors: Iterable[Tensor | None]) -> bool:
+def native_inference(X: Tensor, tensors: Iterable[Tensor | None], kept: op.Kept | None = None) -> bool:
     """Whether an eager call runs the native kernel: nothing needs a gradient (neither X nor ``tensors``: the
-    kernel's ops have no derivative), X is on CPU, the kernel is loaded and no torch.jit trace is recording (the
-    TorchScript exporter records the Python path op by op)."""
-    return (not needs_grad((X, *tensors)) and X.is_cpu and kernel.loaded() and not torch.jit.is_tracing())
+    kernel's ops have no derivative), X is on CPU, the kernel is loaded (where ``kept``, the module's packed
+    weights, holds some, it is: once loaded, it stays) and no torch.jit trace is recording (the TorchScript
+    exporter records the Python path op by op)."""
+    return (not (torch.is_grad_enabled() and needs_grad((X, *tensors))) and X.is_cpu
+            and ((kept is not None and kept.value is not None) or kernel.loaded()) and not torch.jit.is_tracing())
 
 
 class Recurrent(Module):
@@ -95,6 +97,8 @@ class Recurrent(Module):
             self.config, state_dtype=None, outputs=(False, True, self.cell.has_cell_state)), present)
         # the nn.LSTM/GRU/RNN's weights, reachable without touching that module (Dynamo refuses to wrap one)
         self._fast_weights = FastWeights(self.rnn) if self.fast else None
+        # the native kernel's packed weights (op.Kept; DynamicQuantizeLSTM's its own): PACKS' lookup costs a small node
+        self._packed = op.Kept()
         kernel.load()  # built once per checkout (cached), loaded once per process; the Python path runs without it
 
     def _torch_module(self, mode: str, W: Tensor, R: Tensor, B: Tensor | None) -> nn.RNNBase:
@@ -128,7 +132,7 @@ class Recurrent(Module):
                 initial_c: Tensor | None = None, P: Tensor | None = None, mask: Tensor | None = None):
         weights = self.weights(W, R, B, P)
         compiling = torch.compiler.is_compiling()
-        native = not compiling and native_inference(X, (*weights, initial_h, initial_c))
+        native = not compiling and native_inference(X, (*weights, initial_h, initial_c), self._packed)
         outputs = None
         if native and self.config.state_dtype:  # the kernel keeps float32 states: one step per call
             outputs = self._native_steps(X, weights, sequence_lens, initial_h, initial_c, mask)
@@ -166,7 +170,7 @@ class Recurrent(Module):
         present, h, c, ys = [w for w in weights if w is not None], initial_h, initial_c, [None] * X.shape[0]
         for t in range(X.shape[0] - 1, -1, -1) if cfg.direction == "reverse" else range(X.shape[0]):
             _, h, c = op.run(X[t:t + 1], present, self._step_config, None, h, c, None,
-                             outputs=(False, True, self.cell.has_cell_state), eager_native=True)
+                             outputs=(False, True, self.cell.has_cell_state), eager_native=True, kept=self._packed)
             ys[t] = h
         return (torch.stack(ys) if cfg.outputs[0] else None, h if cfg.outputs[1] else None,
                 c if cfg.outputs[2] else None)
@@ -177,10 +181,10 @@ class Recurrent(Module):
         """(Y, Y_h, Y_c) by the recurrent op (op.py): the native kernel on CPU, one graph node while compiling (its
         differentiable variant when something needs a gradient); None for an output not asked for. ``eager_native``:
         eager inference on the native kernel (``native_inference``)."""
-        differentiable = needs_grad((X, *weights, initial_h, initial_c))
+        differentiable = not eager_native and needs_grad((X, *weights, initial_h, initial_c))
         lens = buffer_dict(self)["static_lens"] if sequence_lens is None else sequence_lens
         return op.run(X, [w for w in weights if w is not None], self.op_config, lens, initial_h, initial_c, mask,
-                      differentiable, self.config.outputs, eager_native)
+                      differentiable, self.config.outputs, eager_native, self._packed)
 
     def extra_repr(self) -> str:
         cfg = self.config

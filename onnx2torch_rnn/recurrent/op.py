@@ -106,16 +106,24 @@ _LIBRARY.impl("recurrent", _python_impl, "CompositeExplicitAutograd")
 # The native kernel's ops (kernel/recurrent.cpp; CPU only, no fake or Python implementation): a config's number (a
 # string crossing PyTorch's stable ABI, which the kernel is built against, is copied twice a call), a node's weights
 # packed for it into one tensor (float64's, else float32's; checked first: the weights' errors are the op's) with its
-# hidden and input sizes, and the node run on them.
+# hidden and input sizes, and the node run on them, given the config's number and those sizes as one int64 tensor
+# (``pack_node``'s numbers: each boxed argument costs a batch-1 call some tenths of a microsecond).
 _LIBRARY.define("recurrent_config(str config) -> int")
 _LIBRARY.define("recurrent_pack(Tensor[] weights, int config, bool float64) -> (Tensor, int, int)")
-_LIBRARY.define("recurrent_packed(Tensor X, Tensor packed, int config, int hidden, int input, Tensor? sequence_lens, "
-                "Tensor? initial_h, Tensor? initial_c, Tensor? mask) -> (Tensor, Tensor, Tensor)")
+_LIBRARY.define("recurrent_packed(Tensor X, Tensor packed, Tensor numbers, Tensor? sequence_lens, Tensor? initial_h, "
+                "Tensor? initial_c, Tensor? mask) -> (Tensor, Tensor, Tensor)")
 
 
 @functools.cache  # the kernel's numbers live as long as the process
 def config_number(config: str) -> int:
     return torch.ops.onnx2torch_rnn.recurrent_config.default(config)
+
+
+def pack_node(weights: list[Tensor], config: str, float64: bool) -> tuple[Tensor, Tensor]:
+    """recurrent_packed's packed weights and numbers for a node's weights (checked by recurrent_pack)."""
+    number = config_number(config)
+    tensor, hidden, input_size = _PACK(weights, number, float64)
+    return tensor, torch.tensor([number, hidden, input_size], dtype=torch.int64)
 
 
 class PackCache:
@@ -130,16 +138,10 @@ class PackCache:
     def __init__(self):
         self._entries = {}  # (*key, ids) -> (versions, packed, weak references), oldest first
 
-    def get(self, weights: list[Tensor], config: str, dtype: torch.dtype) -> tuple[Tensor, int, int, int]:
-        """(packed weights, the config's number, hidden size, input size): recurrent_packed's arguments."""
+    def get(self, weights: list[Tensor], config: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(packed weights, numbers): recurrent_packed's arguments (``pack_node``)."""
         float64 = dtype == torch.float64
-
-        def pack():
-            number = config_number(config)
-            tensor, hidden, input_size = _PACK(weights, number, float64)
-            return tensor, number, hidden, input_size
-
-        return self.made(weights, (config, float64), pack)
+        return self.made(weights, (config, float64), lambda: pack_node(weights, config, float64))
 
     def made(self, tensors: list[Tensor], key: tuple, make):
         """``make()``, kept for these tensors (each one's identity and version) and ``key`` (what else it depends
@@ -163,8 +165,8 @@ class Kept:
     """What one module makes from its weight tensors (their packed form), held by that module: made again when a
     tensor is another object or was changed in place (its version counter), or ``key`` (what else it depends on)
     differs. For a module at batch 1, cheaper than PACKS: no ids to hash, and the module holds its tensors anyway.
-    Inference tensors have no version counter: made at every call. A copy of the module (deepcopy, pickle) starts
-    empty."""
+    Inference tensors have no version counter: made at every call; so is a None (nothing made). A copy of the module
+    (deepcopy, pickle) starts empty."""
 
     __slots__ = ("key", "tensors", "value", "versions")
 
@@ -180,7 +182,7 @@ class Kept:
                 and _versions(tensors) == self.versions):
             return self.value
         value = make()
-        if not any(t.is_inference() for t in tensors if t is not None):
+        if value is not None and not any(t.is_inference() for t in tensors if t is not None):
             self.key, self.tensors, self.versions, self.value = key, tuple(tensors), _versions(tensors), value
         return value
 
@@ -189,10 +191,16 @@ def _versions(tensors) -> list[int]:
     return [t._version for t in tensors if t is not None]
 
 
-def native(X, weights, config, sequence_lens, initial_h, initial_c, mask):
-    """The op on the native kernel (loaded, X on CPU)."""
+def native(X, weights, config, sequence_lens, initial_h, initial_c, mask, kept: Kept | None = None):
+    """The op on the native kernel (loaded, X on CPU); ``kept``: where the calling module holds its packed weights
+    (else PACKS)."""
     try:
-        return _PACKED(X, *PACKS.get(weights, config, X.dtype), sequence_lens, initial_h, initial_c, mask)
+        if kept is None:
+            packed = PACKS.get(weights, config, X.dtype)
+        else:
+            float64 = X.dtype == torch.float64
+            packed = kept.get(weights, (config, float64), lambda: pack_node(weights, config, float64))
+        return _PACKED(X, *packed, sequence_lens, initial_h, initial_c, mask)
     except RuntimeError as error:
         raise _checked(error) from None
 
@@ -285,12 +293,14 @@ PACKS = PackCache()
 
 
 def run(X, weights, config, sequence_lens=None, initial_h=None, initial_c=None, mask=None, differentiable=False,
-        outputs=None, eager_native=False):
+        outputs=None, eager_native=False, kept: Kept | None = None):
     """The op (or its differentiable variant), with the outputs the config does not ask for as None (``outputs``:
     the config's, when the caller has them at hand). ``eager_native``: the caller knows this is eager inference on
-    the native kernel, which then runs without the op's own dispatch (a few microseconds a call)."""
-    y, y_h, y_c = caller_threads(native if eager_native else _DIFFERENTIABLE if differentiable else _RECURRENT, X,
-                                 weights, config, sequence_lens, initial_h, initial_c, mask)
+    the native kernel, which then runs without the op's own dispatch (a few microseconds a call), on the packed
+    weights the caller holds in ``kept`` (if given)."""
+    args = (X, weights, config, sequence_lens, initial_h, initial_c, mask)
+    y, y_h, y_c = (caller_threads(native, *args, kept) if eager_native else
+                   caller_threads(_DIFFERENTIABLE if differentiable else _RECURRENT, *args))
     wanted = decode(config)[1].outputs if outputs is None else outputs
     return y if wanted[0] else None, y_h if wanted[1] else None, y_c if wanted[2] else None
 

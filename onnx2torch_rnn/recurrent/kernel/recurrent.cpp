@@ -1183,14 +1183,21 @@ std::tuple<Tensor, int64_t, int64_t> recurrent_pack_cpu(const Tensors& weights, 
   return {float64 ? pack_node<double>(c, weights) : pack_node<float>(c, weights), hidden, input};
 }
 
-// The op recurrent_packed: recurrent's CPU implementation, given its weights packed by recurrent_pack (with the
-// hidden and input sizes it returned).
-std::tuple<Tensor, Tensor, Tensor> recurrent_packed_cpu(
-    const Tensor& X, const Tensor& packs, int64_t config, int64_t hidden, int64_t input,
-    const std::optional<Tensor>& sequence_lens, const std::optional<Tensor>& initial_h,
-    const std::optional<Tensor>& initial_c, const std::optional<Tensor>& mask) {
+// The op recurrent_packed: recurrent's CPU implementation, given its weights packed by recurrent_pack and `numbers`
+// (int64, made once in Python: each boxed argument costs a batch-1 call some tenths of a microsecond): the config's
+// number, the hidden and input sizes recurrent_pack returned.
+std::tuple<Tensor, Tensor, Tensor> recurrent_packed_cpu(const Tensor& X, const Tensor& packs, const Tensor& numbers,
+                                                        const std::optional<Tensor>& sequence_lens,
+                                                        const std::optional<Tensor>& initial_h,
+                                                        const std::optional<Tensor>& initial_c,
+                                                        const std::optional<Tensor>& mask) {
   const OneThread one;
-  const Config& c = NumberedConfigs::get().at(config);
+  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.dim() == 1 && numbers.numel() == 3 &&
+                  numbers.is_contiguous(),
+              "recurrent_packed: numbers must be int64 [config, hidden, input]");
+  const int64_t* at = numbers.const_data_ptr<int64_t>();
+  const int64_t hidden = at[1], input = at[2];
+  const Config& c = NumberedConfigs::get().at(at[0]);
   check_inputs(c, X, hidden, input, initial_h, initial_c, false);
   const int64_t steps = X.size(c.layout ? 1 : 0), batch = X.size(c.layout ? 0 : 1);
   const std::vector<int64_t> lens = partial_lengths(sequence_lens, steps, batch);
