@@ -275,10 +275,11 @@ class StackedRecurrent(Module):
         all of them as one call of torch's multi-layer kernel where that is the same computation (``_one_call``)."""
         if self.batch_first:
             x = x.transpose(0, 1)
-        layers = self.layers
-        if lengths is None and self._one_call(x):
+        layers = tuple(self._modules["layers"]._modules.values())  # not self.layers: nn.Module's lookup is slow
+        plan = self.__dict__.get("_native_stack")  # not usable: some layer is no Recurrent, so no _one_call either
+        if lengths is None and (plan is None or plan.usable) and self._one_call(x):
             return self._torch_layers(x, initial_h, initial_c)
-        h_n, c_n = [], []
+        h_n, c_n, last = [], [], len(layers) - 1
         for index, layer in enumerate(layers):
             args = (lengths, initial_h[index], initial_c[index])
             if index == 0 and self.window is not None:
@@ -287,7 +288,7 @@ class StackedRecurrent(Module):
                 y, y_h, y_c = self._layer_module(layer, x, *args)
             h_n.append(y_h)
             c_n.append(y_c)
-            x = y.transpose(1, 2).flatten(2) if y is not None and (index < len(layers) - 1 or self.merge_output) else y
+            x = _merged(y) if y is not None and (index < last or self.merge_output) else y
         if x is not None and self.batch_first_output:
             x = x.transpose(0, 1)
         if self.last_states:
@@ -582,6 +583,12 @@ def _over_windows(run, layer: nn.Module, x: Tensor, windows: tuple, *args) -> tu
     runs = [run(layer, x[start:stop], *args) for start, stop in windows]
     return tuple(None if first is None else torch.cat([r[k].narrow(axis, d, 1) for d, r in enumerate(runs)], axis)
                  for k, (first, axis) in enumerate(zip(runs[0], (1, 0, 0), strict=True)))
+
+
+def _merged(y: Tensor) -> Tensor:
+    """A layer's Y [T, D, N, H] as the next layer reads it, its directions side by side: [T, N, D*H] (one view
+    where D is 1)."""
+    return y.squeeze(1) if y.shape[1] == 1 else y.transpose(1, 2).flatten(2)
 
 
 def _rows(states: tuple[Tensor, ...], where: tuple[int, int | None, int | None] | None) -> Tensor | None:
