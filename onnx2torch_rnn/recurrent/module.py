@@ -46,7 +46,7 @@ def native_inference(X: Tensor, tensors: Iterable[Tensor | None], kept: op.Kept 
     weights, holds some, it is: once loaded, it stays) and no torch.jit trace is recording (the TorchScript
     exporter records the Python path op by op)."""
     return (not (torch.is_grad_enabled() and needs_grad((X, *tensors))) and X.is_cpu
-            and ((kept is not None and kept.value is not None) or kernel.loaded()) and not torch.jit.is_tracing())
+            and ((kept is not None and kept.made) or kernel.loaded()) and not torch.jit.is_tracing())
 
 
 class Recurrent(Module):

@@ -168,22 +168,27 @@ class Kept:
     Inference tensors have no version counter: made at every call; so is a None (nothing made). A copy of the module
     (deepcopy, pickle) starts empty."""
 
-    __slots__ = ("key", "tensors", "value", "versions")
+    __slots__ = ("entry",)
 
     def __init__(self):
-        self.key, self.tensors, self.versions, self.value = None, (), (), None
+        self.entry = None  # (key, tensors, versions, value): replaced whole, so a reader in another thread sees one
 
     def __reduce__(self):
         return Kept, ()
 
+    @property
+    def made(self) -> bool:
+        return self.entry is not None
+
     def get(self, tensors: list, key, make):
         """``make()``, or what it made last for these tensors (None entries allowed) and ``key``."""
-        if (key == self.key and len(tensors) == len(self.tensors) and all(map(operator.is_, tensors, self.tensors))
-                and _versions(tensors) == self.versions):
-            return self.value
+        entry = self.entry
+        if (entry is not None and key == entry[0] and len(tensors) == len(entry[1])
+                and all(map(operator.is_, tensors, entry[1])) and _versions(tensors) == entry[2]):
+            return entry[3]
         value = make()
         if value is not None and not any(t.is_inference() for t in tensors if t is not None):
-            self.key, self.tensors, self.versions, self.value = key, tuple(tensors), _versions(tensors), value
+            self.entry = (key, tuple(tensors), _versions(tensors), value)
         return value
 
 
