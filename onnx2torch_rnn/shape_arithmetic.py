@@ -120,6 +120,7 @@ class ShapeArithmetic:
     def __init__(self, ctx, sizes: FxSizes | DeclaredSizes):
         self.ctx, self.sizes = ctx, sizes
         self._producers: dict[str, NodeProto] | None = None
+        self._computed: set[str] | None = None  # the values the converted graph computes (_sized)
         self._memo: dict[str, Value | None] = {}
         self._reads: dict[str, dict[str, None]] = {}  # value -> the tensors whose sizes it reads
         self._reading: list[dict[str, None]] = []  # those of the values being traced, innermost last
@@ -154,17 +155,32 @@ class ShapeArithmetic:
 
     def dims(self, name: str) -> list[Int]:
         """The sizes of tensor ``name``, as many as its rank."""
+        name = self._sized(name)
         self._reading[-1][name] = None
         return self.sizes.dims(name)
 
     def numel(self, name: str) -> Int:
+        name = self._sized(name)
         self._reading[-1][name] = None
         return self.sizes.numel(name)
 
     def dim(self, name: str, index: int) -> Int:
         """Size ``index`` of tensor ``name``, whose rank conversion need not know."""
+        name = self._sized(name)
         self._reading[-1][name] = None
         return self.sizes.dim(name, index)
+
+    def _sized(self, name: str) -> str:
+        """The tensor whose sizes are ``name``'s, read instead: the input of a QuantizeLinear / DequantizeLinear (its
+        output has its shape) where the converted graph computes it (not inside a fused node), so that one read only
+        for its sizes (a QDQ model's Shape) need not run."""
+        if self._computed is None:
+            self._computed = {o for step in self.ctx.plan.steps for o in step.proto.output} | {
+                value.name for value in self.ctx.plan.graph.input}
+        while (node := self._producers.get(name)) is not None and node.domain in ("", "ai.onnx") and (
+                node.op_type in ("QuantizeLinear", "DequantizeLinear")) and node.input[0] in self._computed:
+            name = node.input[0]
+        return name
 
     def producer(self, name: str) -> NodeProto | None:
         return self._producers.get(name)

@@ -309,3 +309,42 @@ def test_int8_groups_run_in_the_uint8_form_onnxruntime_gives_them():
     module = assert_exact(model, [b.feeds(31)])
     assert [type(m).__name__ for m in module.children() if isinstance(m, q.AsUint8)] == ["AsUint8"]
     assert fused_ops(module) == onnxruntime_ops(model)
+
+
+def _linear_modules(module: torch.nn.Module) -> collections.Counter:
+    return collections.Counter(type(m).__name__ for m in module.modules()
+                               if isinstance(m, q.QuantizeLinear | q.DequantizeLinear))
+
+
+@pytest.mark.parametrize("activation", [np.uint8, np.int8])
+@pytest.mark.parametrize(("mode", "value"), [("constant", 0.0), ("constant", 0.73), ("constant", -1e9),
+                                             ("reflect", None), ("edge", None)])
+def test_a_pad_between_the_same_parameters_runs_on_the_integers(activation, mode, value):
+    """DQ -> Pad -> Q of one scale and zero point: the Pad on the integers, its value quantized (onnxruntime keeps the
+    float Pad; quantize(dequantize(q)) = q makes the numbers the same)."""
+    b = Builder(activation, np.random.default_rng(5))
+    x = b.input((2, 3, 4, 5))
+    s, z = b.nodes[-1].input[1:3]
+    pads, b.values["pads"] = "pads", np.array([0, 1, 2, 0, 0, 2, 1, 0], np.int64)
+    inputs = [x, pads]
+    if value is not None:
+        b.values["pad_value"] = np.float32(value)
+        inputs.append("pad_value")
+    model = b.model(b.qdq(b.op("Pad", inputs, mode=mode), 0.05, (s, z)))
+    module = assert_exact(model, [b.feeds(seed) for seed in range(3)])
+    assert _linear_modules(module) == {"QuantizeLinear": 1, "DequantizeLinear": 1}
+
+
+def test_the_sizes_of_a_dequantized_value_are_its_input_s():
+    """Shape reading a DequantizeLinear whose other reader (a Reshape) runs on the integers: its sizes are read from
+    the integers, and the DequantizeLinear runs no more (the committed CRNN QDQ models)."""
+    b = Builder(np.uint8, np.random.default_rng(6))
+    x = b.input(("batch", 3, 4))
+    s, z = b.nodes[-1].input[1:3]
+    b.values.update(start=np.array([0], np.int64), end=np.array([1], np.int64), rest=np.array([-1], np.int64))
+    first = b.op("Slice", [b.op("Shape", [x]), "start", "end"])
+    y = b.op("Reshape", [x, b.op("Concat", [first, "rest"], axis=0)])
+    feeds = [{"x0": np.random.default_rng(seed).standard_normal((batch, 3, 4)).astype(np.float32)}
+             for seed, batch in enumerate((1, 3))]
+    module = assert_exact(b.model(b.qdq(y, 0.05, (s, z))), feeds)
+    assert _linear_modules(module) == {"QuantizeLinear": 1, "DequantizeLinear": 1}

@@ -17,7 +17,8 @@ the types its QDQS8ToU8Transformer leaves (``_effective_type``):
   quantization clamps the same values: onnxruntime's ReluQuantFusion);
 - ops that only move or pick values (Reshape, Transpose, Flatten, Squeeze, Unsqueeze, Gather, Slice, Expand, Tile,
   MaxPool and Resize nearest) where DequantizeLinear and QuantizeLinear have the same scalar scale and zero point: the
-  op runs on the integers, with the same numbers (onnxruntime's "drop" rules; a speed-up only).
+  op runs on the integers, with the same numbers (onnxruntime's "drop" rules; a speed-up only). Pad too (opset 11+),
+  its constant value quantized: onnxruntime keeps that one in float, with the same numbers (``_pad_value``).
 
 What onnxruntime leaves alone stays as written. Each group becomes the QLinear node onnxruntime writes, converted
 by that op's converter (``ctx.convert``), so its arithmetic lives in one place (modules/quantized.py).
@@ -31,7 +32,7 @@ import numpy as np
 import onnx
 import torch
 
-from ..modules.quantized import AsUint8
+from ..modules.quantized import AsUint8, quantize
 from ..node import Converted
 from . import Fusion, GraphView, attribute, register_pattern
 
@@ -45,7 +46,7 @@ _BINARY = MappingProxyType({"Add": "QLinearAdd", "Mul": "QLinearMul"})
 # ops whose QDQ is dropped, and whether 16-bit types are (onnxruntime's drop rules)
 _DROP = MappingProxyType({"Expand": True, "Flatten": True, "Gather": True, "Reshape": True, "Slice": True,
                           "Squeeze": True, "Tile": True, "Transpose": True, "Unsqueeze": True, "MaxPool": False,
-                          "Resize": False})
+                          "Resize": False, "Pad": True})
 
 
 def _op(node: onnx.NodeProto | None, *op_types: str) -> bool:
@@ -291,9 +292,40 @@ def _drop(view: GraphView, group: _Group) -> Fusion | None:
     node = onnx.NodeProto()
     node.CopyFrom(target)
     node.input[0], node.output[0] = dq.input[0], q.output[0]
-    inputs = [name for name in node.input if name]
-    return Fusion("qdq", target.op_type, group.nodes(), inputs, [q.output[0]],
-                  lambda ctx, node=node: ctx.convert(node))
+    made = _pad_value(view, group, node) if target.op_type == "Pad" else {}
+    if made is None:
+        return None
+    inputs = [name for name in [*target.input[1:], dq.input[0]] if name]
+
+    def convert(ctx, node=node, made=made):
+        for name, value in made.items():
+            ctx.set_constant(name, value)
+        return ctx.convert(node)
+    return Fusion("qdq", target.op_type, group.nodes(), inputs, [q.output[0]], convert)
+
+
+def _pad_value(view: GraphView, group: _Group, node: onnx.NodeProto) -> dict | None:
+    """A Pad between a DequantizeLinear and a QuantizeLinear of the same parameters, on the integers: its constant
+    value quantized ({name: value} to define, written into ``node``), None where not exact. onnxruntime keeps the
+    float Pad; the numbers agree because quantize(dequantize(q)) = q: (q - z) * s / s is within |q - z| * 2^-23 of
+    q - z in float32 (< 0.5 below 2^16) where the scale is a normal number far from overflow."""
+    scale = float(view.folded(group.q.input[1]).reshape(-1)[0])
+    if view.opset(group.target) < 11 or not 2.0**-100 < scale < 2.0**100:
+        return None
+    if attribute(group.target, "mode", "constant") != "constant":
+        return {}
+    value = view.folded(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.float32)
+    if value is None or value.size != 1:
+        return None
+    zero_point = view.folded(group.q.input[2]) if len(group.q.input) > 2 and group.q.input[2] else None
+    zero_point = None if zero_point is None else torch.tensor(zero_point.reshape(()))
+    dtype = torch.uint8 if zero_point is None else zero_point.dtype
+    quantized = quantize(torch.tensor(np.float32(value.reshape(()))), torch.tensor(scale), zero_point, dtype)
+    name = f"{node.name or 'Pad'}_value_quantized"
+    while len(node.input) < 3:
+        node.input.append("")
+    node.input[2] = name
+    return {name: quantized}
 
 
 def _same_parameters(view: GraphView, dq: onnx.NodeProto, q: onnx.NodeProto, positive: bool) -> bool:
