@@ -312,7 +312,7 @@ def test_int8_groups_run_in_the_uint8_form_onnxruntime_gives_them():
 
 
 def _linear_modules(module: torch.nn.Module) -> collections.Counter:
-    return collections.Counter(type(m).__name__ for m in module.modules()
+    return collections.Counter(type(m).__name__ for m in module.children()
                                if isinstance(m, q.QuantizeLinear | q.DequantizeLinear))
 
 
@@ -348,3 +348,15 @@ def test_the_sizes_of_a_dequantized_value_are_its_input_s():
              for seed, batch in enumerate((1, 3))]
     module = assert_exact(b.model(b.qdq(y, 0.05, (s, z))), feeds)
     assert _linear_modules(module) == {"QuantizeLinear": 1, "DequantizeLinear": 1}
+
+
+@pytest.mark.parametrize("activation", [np.uint8, np.int8, np.uint16, np.int16])
+def test_a_quantize_read_by_one_dequantize_is_one_module(activation):
+    """QuantizeLinear -> DequantizeLinear around float ops that stay float (16-bit ones, or a Tanh): one
+    QuantizeDequantizeLinear each, onnxruntime's numbers."""
+    b = Builder(activation, np.random.default_rng(7))
+    x = b.input((2, 3, 5))
+    y = b.qdq(b.op("Tanh", [x]), 1 / 128)
+    module = assert_exact(b.model(y, opset=21), [b.feeds(seed) for seed in range(3)])
+    assert _linear_modules(module) == {}
+    assert sum(isinstance(m, q.QuantizeDequantizeLinear) for m in module.children()) == 2

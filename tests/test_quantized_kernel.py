@@ -203,7 +203,7 @@ def test_conv_integer_matches_python(seed, monkeypatch):
 def test_quantize_and_dequantize_linear_match_python(dtype, zero_point, monkeypatch):
     """QuantizeLinear / DequantizeLinear per tensor (kernel/quantize_linear.cpp) against the Python reference, bit for
     bit: ties at every half, NaN, infinities, values past the range, strided, transposed and broadcast inputs, the
-    parameters folded or not; the modules call them (spy)."""
+    parameters folded or not, the two in one call; the modules call them (spy)."""
     generator = torch.Generator().manual_seed(3)
     low, high = torch.iinfo(dtype).min, torch.iinfo(dtype).max
     scale = torch.tensor(0.37 if dtype.itemsize == 1 else 0.0037)
@@ -225,12 +225,16 @@ def test_quantize_and_dequantize_linear_match_python(dtype, zero_point, monkeypa
             module = q.DequantizeLinear(constants=folded)
             got = module(value) if folded else module(value, scale, zp)
             assert got.dtype == torch.float32 and torch.equal(got, q.dequantize(value, scale, zp))
+    for other in (zp, None if zp is None else (zp.to(torch.int32) + 1).to(dtype)):  # a Q read by one DQ alone
+        pair = q.QuantizeDequantizeLinear(q.QuantizeLinear(output_dtype=dtype, constants=(scale, zp)),
+                                          q.DequantizeLinear(constants=(scale * 3, other)))
+        assert torch.equal(pair(x), q.dequantize(want, scale * 3, other))
     for view in (lambda t: t[:120].reshape(2, 3, 4, 5).permute(3, 0, 2, 1), lambda t: t[:6].expand(4, 6)):
         quantized = q.QuantizeLinear(output_dtype=dtype, constants=(scale, zp))(view(x))  # through the strides
         assert torch.equal(quantized, q.quantize(view(x), scale, zp, dtype)) and quantized.is_contiguous()
         got = q.DequantizeLinear(constants=(scale, zp))(view(values))
         assert torch.equal(got, q.dequantize(view(values), scale, zp))
-    assert spy.called == {"quantize_linear", "dequantize_linear"}
+    assert spy.called == {"quantize_linear", "dequantize_linear", "quantize_dequantize_linear"}
 
 
 def test_a_module_repacks_its_weights_when_they_change():

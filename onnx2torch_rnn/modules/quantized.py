@@ -203,6 +203,24 @@ class DequantizeLinear(_Linear):
         return dequantize(x, scale, zero_point).to(self.output_dtype or scale.dtype)
 
 
+class QuantizeDequantizeLinear(Module):
+    """A QuantizeLinear read only by a DequantizeLinear (passes/qdq.py): the float values of the two modules, in one
+    native call where both have folded per-tensor parameters (the same numbers: the integers never leave a
+    register), else the two calls."""
+
+    def __init__(self, quantize: QuantizeLinear, dequantize: DequantizeLinear):
+        super().__init__()
+        self.quantize, self.dequantize = quantize, dequantize
+        numbers = quantize.numbers, dequantize.numbers
+        usable = None not in numbers and dequantize.output_dtype in (None, torch.float32)
+        self.numbers = torch.cat(numbers) if usable else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.numbers is not None and x.dtype == torch.float32 and native(x):
+            return _NATIVE.quantize_dequantize_linear.default(x, self.numbers)
+        return self.dequantize(self.quantize(x))
+
+
 def dynamic_parameters(x: Tensor, leading: int = 0) -> tuple[Tensor, Tensor]:
     """(scale, zero point) of uint8 dynamic quantization over all of ``x`` (over each slice of its first ``leading``
     axes), as onnxruntime computes them: the range [min(x, 0), max(x, 0)] over 255 steps in float32 (scale 1 for an

@@ -213,6 +213,7 @@ def recognise(loaded: LoadedModel, patterns: Sequence[str] | None = None) -> Rec
     """Apply the registered patterns (or those named) to the main graph."""
     view = GraphView(loaded)
     taken: set[int] = set()  # ids of nodes already replaced by an earlier fusion
+    read: set[str] = set()  # the values accepted fusions read (their consumers in ``view`` are the replaced nodes)
     accepted: list[Fusion] = []
     for name in _PATTERNS if patterns is None else patterns:
         try:
@@ -221,9 +222,10 @@ def recognise(loaded: LoadedModel, patterns: Sequence[str] | None = None) -> Rec
                     continue
                 fusion.name = fusion.nodes[0].name or fusion.op_type  # after its first node (the pattern's main one)
                 _absorb_feeders(view, fusion, taken)
-                if not _self_contained(view, fusion) or not _acyclic(view, fusion):
+                if not _self_contained(view, fusion, read) or not _acyclic(view, fusion):
                     continue
                 taken |= {id(n) for n in fusion.nodes}
+                read.update(fusion.inputs)
                 accepted.append(fusion)
         except Exception as error:  # a pattern's bug must not hide behind a model it cannot read
             raise ConversionError("<recognition>", f"pattern {name}", f"{type(error).__name__}: {error} (convert with "
@@ -233,14 +235,15 @@ def recognise(loaded: LoadedModel, patterns: Sequence[str] | None = None) -> Rec
     return _rewrite(view, accepted)
 
 
-def _self_contained(view: GraphView, fusion: Fusion) -> bool:
-    """Whether the fused node can stand for its nodes: nothing outside reads a value it drops."""
+def _self_contained(view: GraphView, fusion: Fusion, read: set[str]) -> bool:
+    """Whether the fused node can stand for its nodes: nothing outside reads a value it drops (``read``: what the
+    fusions accepted before read, which may be a value their replaced nodes did not)."""
     inside = {id(n) for n in fusion.nodes}
     kept = {o for o in fusion.outputs if o}
     for node in fusion.nodes:
         for output in node.output:
-            if output and output not in kept and (
-                    output in view.graph_outputs or any(id(c) not in inside for c in view.consumers.get(output, []))):
+            if output and output not in kept and (output in view.graph_outputs or output in read or any(
+                    id(c) not in inside for c in view.consumers.get(output, []))):
                 return False
     return True
 

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 import torch
 
-from ..modules.quantized import AsUint8, quantize
+from ..modules.quantized import AsUint8, QuantizeDequantizeLinear, quantize
 from ..node import Converted
 from . import Fusion, GraphView, attribute, register_pattern
 
@@ -195,6 +195,30 @@ def qdq(view: GraphView):
             fusion = _select(view, _Group(view, target))
             if fusion is not None:
                 yield fusion
+    for q in view.nodes:  # what the groups leave
+        fusion = _round_trip(view, q)
+        if fusion is not None:
+            yield fusion
+
+
+def _round_trip(view: GraphView, q: onnx.NodeProto) -> Fusion | None:
+    """QuantizeLinear -> DequantizeLinear (the Q read by that DQ alone), each of one constant float32 scale and at
+    most one zero point, float32 in and out: one module (QuantizeDequantizeLinear), the same numbers in one call."""
+    dq = view.only_consumer(q.output[0]) if _op(q, "QuantizeLinear") else None
+    if not _op(dq, "DequantizeLinear") or view.elem_type(q.input[0]) != onnx.TensorProto.FLOAT:
+        return None
+    parameters = [*q.input[1:3], *dq.input[1:3]]
+    for index, name in enumerate(parameters):
+        value = view.folded(name) if name else None
+        if (index % 2 == 0 and (value is None or value.dtype != np.float32)) or (
+                name and (value is None or value.size != 1)):
+            return None
+
+    def convert(ctx, q=q, dq=dq):
+        quantize, dequantize = ctx.convert(q), ctx.convert(dq)
+        return Converted(QuantizeDequantizeLinear(quantize.module, dequantize.module), [q.input[0]])
+    return Fusion("qdq", "QuantizeLinear+DequantizeLinear", [q, dq], [q.input[0], *filter(None, parameters)],
+                  [dq.output[0]], convert)
 
 
 def _select(view: GraphView, group: _Group) -> Fusion | None:

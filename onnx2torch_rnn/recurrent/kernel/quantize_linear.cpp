@@ -11,6 +11,9 @@
 //   dequantize_linear(Tensor q, Tensor numbers) -> Tensor
 //       numbers [bits of the float32 scale, zero point]: float32(int32(q) - zero_point) * scale in float32, q of 8,
 //       16 or 32 bits (the int32 difference wraps)
+//   quantize_dequantize_linear(Tensor x, Tensor numbers) -> Tensor
+//       a QuantizeLinear read only by a DequantizeLinear, in one pass: numbers [quantize_linear's three,
+//       dequantize_linear's two], float32 out (the same numbers as the two ops)
 //
 // Strided inputs (a transposed or broadcast view) are read through their strides; outputs are contiguous. Built
 // against PyTorch's stable ABI (int8.h): raw pointers, no tensor op by name.
@@ -41,12 +44,17 @@ struct Numbers {
   int64_t type;
 };
 
-Numbers numbers_of(const Tensor& numbers, int64_t count) {
-  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.numel() == count && numbers.is_contiguous(),
-              "quantize_linear: ", count, " int64 numbers expected");
-  const int64_t* n = numbers.const_data_ptr<int64_t>();
+// The numbers tensor, checked: `count` int64 values.
+const int64_t* numbers_of(const Tensor& numbers, int64_t count, const char* op) {
+  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.numel() == count && numbers.is_contiguous(), op,
+              ": ", count, " int64 numbers expected");
+  return numbers.const_data_ptr<int64_t>();
+}
+
+// A scale and zero point (and, `typed`, the quantized type) from n[0 ..).
+Numbers numbers_at(const int64_t* n, bool typed) {
   const auto bits = static_cast<uint32_t>(n[0]);
-  Numbers out{0.0f, static_cast<int32_t>(n[1]), count > 2 ? n[2] : 0};
+  Numbers out{0.0f, static_cast<int32_t>(n[1]), typed ? n[2] : 0};
   std::memcpy(&out.scale, &bits, sizeof(float));
   return out;
 }
@@ -76,11 +84,11 @@ const T* dense_values(const Tensor& t, std::vector<T>& buffer) {
 }
 
 // x / scale clamped to [lowest - zero, highest - zero] (NaN to the lowest), rounded half to even (exact: the bounds
-// are integers below 2^22), plus the zero point: int8.h's quantize for any 8- or 16-bit type.
-template <typename T>
-void quantize(const float* x, int64_t n, float scale, int32_t zero_point, T* y) {
+// are integers below 2^22), plus the zero point: int8.h's quantize for any 8- or 16-bit type T. store(j, values,
+// count) takes the values of x[j .. j + count) (count < L only at the end).
+template <typename T, typename Store>
+void quantize(const float* x, int64_t n, float scale, int32_t zero_point, Store store) {
   using int8::F;
-  using int8::I;
   using int8::L;
   const float zero = static_cast<float>(zero_point);
   const float low = static_cast<float>(std::numeric_limits<T>::min()) - zero;
@@ -89,26 +97,39 @@ void quantize(const float* x, int64_t n, float scale, int32_t zero_point, T* y) 
     v = v / scale;
     v = !(v >= low) ? splat(low) : v;
     v = v > high ? splat(high) : v;
-    return __builtin_convertvector(int8::round_even(v) + zero, I);
+    return __builtin_convertvector(int8::round_even(v) + zero, int8::I);
   };
   torch::stable::parallel_for(0, (n + L - 1) / L, kGrain / L, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t j = b * L, count = std::min<int64_t>(L, n - j);
-      if (count == L) {
-        const I u = convert(load(x + j));
-        T values[L];
-        for (int l = 0; l < L; ++l) values[l] = static_cast<T>(u[l]);
-        std::memcpy(y + j, values, sizeof(values));
-      } else {  // the last values one by one: a vector load would read past x
-        for (int64_t i = j; i < n; ++i) y[i] = static_cast<T>(convert(splat(x[i]))[0]);
-      }
+      // the last values by a partial load (zeros after, not stored): a whole vector would read past x
+      store(j, convert(count == L ? load(x + j) : load(x + j, static_cast<int>(count))), count);
     }
+  });
+}
+
+// The quantized values as T.
+template <typename T>
+void quantize(const float* x, int64_t n, float scale, int32_t zero_point, T* y) {
+  quantize<T>(x, n, scale, zero_point, [y](int64_t j, const int8::I& u, int64_t count) {
+    T values[int8::L];
+    for (int l = 0; l < int8::L; ++l) values[l] = static_cast<T>(u[l]);
+    std::memcpy(y + j, values, sizeof(T) * count);
+  });
+}
+
+// The quantized values dequantized: float32(q - zero) * scale, q - zero exact in int32 (both of T's range).
+template <typename T>
+void quantize_dequantize(const float* x, int64_t n, const Numbers& q, const Numbers& dq, float* y) {
+  quantize<T>(x, n, q.scale, q.zero, [&](int64_t j, const int8::I& u, int64_t count) {
+    const int8::F v = __builtin_convertvector(u - dq.zero, int8::F) * dq.scale;
+    std::memcpy(y + j, &v, sizeof(float) * count);
   });
 }
 
 Tensor quantize_linear_cpu(const Tensor& x, const Tensor& numbers) {
   CHECK_VALUE(x.scalar_type() == ScalarType::Float, "quantize_linear: float32 x expected, got ", x.scalar_type());
-  const Numbers p = numbers_of(numbers, 3);
+  const Numbers p = numbers_at(numbers_of(numbers, 3, "quantize_linear"), true);
   std::vector<float> buffer;
   const float* src = dense_values(x, buffer);
   const int64_t n = x.numel();
@@ -146,7 +167,7 @@ void dequantize_any(const Tensor& q, const Numbers& p, float* y) {
 }
 
 Tensor dequantize_linear_cpu(const Tensor& q, const Tensor& numbers) {
-  const Numbers p = numbers_of(numbers, 2);
+  const Numbers p = numbers_at(numbers_of(numbers, 2, "dequantize_linear"), false);
   const ScalarType type = q.scalar_type();
   CHECK_VALUE(type == ScalarType::Byte || type == ScalarType::Char || type == ScalarType::UInt16 ||
                   type == ScalarType::Short || type == ScalarType::Int,
@@ -163,16 +184,37 @@ Tensor dequantize_linear_cpu(const Tensor& q, const Tensor& numbers) {
   return out;
 }
 
+Tensor quantize_dequantize_linear_cpu(const Tensor& x, const Tensor& numbers) {
+  CHECK_VALUE(x.scalar_type() == ScalarType::Float, "quantize_dequantize_linear: float32 x expected, got ",
+              x.scalar_type());
+  const int64_t* n = numbers_of(numbers, 5, "quantize_dequantize_linear");
+  const Numbers q = numbers_at(n, true), dq = numbers_at(n + 3, false);
+  std::vector<float> buffer;
+  const float* src = dense_values(x, buffer);
+  Tensor out = allocate(int8::sizes_of(x), ScalarType::Float);
+  float* y = out.mutable_data_ptr<float>();
+  switch (q.type) {
+    case 0: quantize_dequantize<uint8_t>(src, x.numel(), q, dq, y); break;
+    case 1: quantize_dequantize<int8_t>(src, x.numel(), q, dq, y); break;
+    case 2: quantize_dequantize<uint16_t>(src, x.numel(), q, dq, y); break;
+    case 3: quantize_dequantize<int16_t>(src, x.numel(), q, dq, y); break;
+    default: CHECK_VALUE(false, "quantize_dequantize_linear: type 0 to 3 expected, got ", q.type);
+  }
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("quantize_linear(Tensor x, Tensor numbers) -> Tensor");
   m.def("dequantize_linear(Tensor q, Tensor numbers) -> Tensor");
+  m.def("quantize_dequantize_linear(Tensor x, Tensor numbers) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("quantize_linear", TORCH_BOX(&quantize_linear_cpu));
   m.impl("dequantize_linear", TORCH_BOX(&dequantize_linear_cpu));
+  m.impl("quantize_dequantize_linear", TORCH_BOX(&quantize_dequantize_linear_cpu));
 }
 
 }  // namespace onnx2torch_rnn
