@@ -73,10 +73,13 @@ def quantize_linear(node: OnnxNode, ctx) -> Converted:
 
     - The division runs in float32 (float16 and bfloat16 inputs and scales are widened first, as onnxruntime does);
       NaN quantizes to the lowest value of the type, infinities saturate (onnxruntime's MLAS).
-    - Bit-exact for a given input. In QDQ graphs the float ops in front (Conv, MatMul, pooling) agree with
-      onnxruntime's MLAS kernels only to float32 rounding (other summation orders), so a value within that rounding
-      of a rounding boundary can quantize one step away (tested bound on the committed QDQ models: one step of
-      the output).
+    - Bit-exact for a given input. In QDQ graphs the groups onnxruntime fuses (DequantizeLinear -> Conv, MatMul,
+      Gemm, Add, Mul, pooling, ... -> QuantizeLinear) become its QLinear ops (passes/qdq.py) and agree bit for
+      bit; a float op it leaves in float (a recurrence, LayerNorm, 16-bit groups) agrees with its MLAS kernel only
+      to float32 rounding (other summation orders), so a value within that rounding of a rounding boundary can
+      quantize one step away (tested bound on the committed QDQ models: one step of the output).
+    - A QuantizeLinear read only by a DequantizeLinear runs as one module (modules/quantized.py:
+      QuantizeDequantizeLinear), the same numbers.
     - The output type is the zero point's, else output_dtype, else uint8. saturate only concerns float8 outputs.
     - precision (opset 23+): absent, 0 or FLOAT (what onnxruntime computes); other values are refused.
     """
