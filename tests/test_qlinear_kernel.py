@@ -102,7 +102,10 @@ CONVS = [({"pads": [1, 1, 1, 1]}, (1, 3, 16, 16), (8, 3, 3, 3)), ({"strides": [2
          ({"strides": [3], "pads": [4, 2], "dilations": [2]}, (1, 2, 13), (3, 2, 3)),
          ({"strides": [2, 3], "pads": [2, 0, 1, 3], "dilations": [1, 2]}, (1, 3, 9, 40), (4, 3, 3, 3)),
          ({"pads": [1, 0, 1, 1, 0, 1], "strides": [1, 2, 1]}, (1, 2, 3, 5, 4), (3, 2, 2, 2, 2)),
-         ({"group": 3, "pads": [1, 1, 1, 1]}, (1, 3, 5, 300), (3, 1, 3, 3))]
+         ({"group": 3, "pads": [1, 1, 1, 1]}, (1, 3, 5, 300), (3, 1, 3, 3)),
+         ({"group": 4, "pads": [1, 1, 1, 1], "strides": [2, 2]}, (2, 4, 9, 8), (8, 1, 3, 3)),  # depthwise, 2 each
+         ({"pads": [0, 1, 0, 1]}, (2, 3, 20, 15), (70, 3, 1, 2)),  # more channels than a panel block, tiles
+         ({"dilations": [2, 1], "pads": [2, 1, 2, 1]}, (1, 40, 6, 5), (5, 40, 3, 3))]  # many taps
 
 
 @pytest.mark.parametrize(("attributes", "x_shape", "w_shape"), CONVS)

@@ -511,25 +511,22 @@ class QLinearConv(Conv, _Folded):
     def __init__(self, constants: dict[str, Tensor | None] | None = None, **attributes):
         super().__init__(**attributes)
         self.fold(constants, _conv_multiplier)
-        self.register_buffer("w_shifted", None if constants is None else shifted_weight(constants["w"],
-                                                                                       constants["w_zero_point"]))
 
     def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                 y_zero_point=None, B=None):
-        if self.folded and x.dtype in BYTES and native(x):  # the converter's case: one lookup, one call
+        if self.folded and x.dtype in BYTES and native(x):  # the converter's case: two lookups, one call
             numbers = kept_geometry(self, (x.shape, x.dtype), lambda: self._numbers(x, self.folded_values({})[0]))
             if numbers is not None:
-                buffers = buffer_dict(self)
-                return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), buffers["w_shifted"],
-                                                    buffers["multiplier"], buffers["B"], numbers)
+                operands = kept_operands(self, ("w", "w_zero_point", "multiplier", "B"), self._operands)
+                return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), *operands, numbers)
         v, multiplier, zero = self.folded_values(dict(x_scale=x_scale, x_zero_point=x_zero_point, w=w,
                                                       w_scale=w_scale, w_zero_point=w_zero_point, y_scale=y_scale,
                                                       y_zero_point=y_zero_point, B=B))
         multiplier = _conv_multiplier(**v) if multiplier is None else multiplier
         w, B, dtype = v["w"], v["B"], v["y_zero_point"].dtype
         if x.dtype in BYTES and native(x) and (numbers := self._numbers(x, v, multiplier, zero)) is not None:
-            shifted = buffer_dict(self)["w_shifted"] if self.folded else shifted_weight(w, v["w_zero_point"])
-            return _NATIVE.qlinear_conv.default(x.contiguous(), shifted, multiplier.reshape(-1), B, numbers)
+            return _NATIVE.qlinear_conv.default(x.contiguous(), *self._operands(w, v["w_zero_point"], multiplier, B),
+                                                numbers)
         acc = native_conv(self, x, w, v["x_zero_point"], v["w_zero_point"])  # int32
         if acc is None:
             acc = integer_conv(self, x, w, v["x_zero_point"], v["w_zero_point"]).double()
@@ -537,32 +534,35 @@ class QLinearConv(Conv, _Folded):
             acc = acc + _channel(B.to(acc.dtype), acc.dim())
         return requantize(acc, _channel(multiplier, acc.dim()), v["y_zero_point"], dtype)
 
+    def _operands(self, w: Tensor, w_zero_point: Tensor | None, multiplier: Tensor, B: Tensor | None) -> tuple:
+        """qlinear_conv's operands between x and the numbers: w packed (``packed_conv``), the multiplier and the
+        bias as vectors."""
+        bias = None if B is None else B.reshape(-1).contiguous()
+        return (*packed_conv(w, w_zero_point, self.group), multiplier.reshape(-1).contiguous(), bias)
+
     def _numbers(self, x: Tensor, v: dict, multiplier: Tensor | None = None, zero=None) -> Tensor | None:
-        """The native kernel's qlinear_conv numbers (recurrent/kernel/qlinear.cpp: zero points, output type, group,
-        geometry) where it takes this node (8-bit, 1-3 spatial axes, x's zero point one value, w's one or per output
-        channel, an int32 bias), else None. Folded: computed once per input shape (the multiplier a buffer)."""
+        """The native kernel's qlinear_conv numbers (recurrent/kernel/conv_integer.cpp: zero points, output type,
+        group, kernel, geometry) where it takes this node (8-bit, 1-3 spatial axes, x's zero point one value, w's one
+        or per output channel, an int32 bias per output channel), else None. Folded: computed once per input shape
+        (the multiplier a buffer)."""
         if multiplier is None:
             multiplier, zero = buffer_dict(self)["multiplier"], self.y_zero
         w, x_zero_point, w_zero_point, B = v["w"], v["x_zero_point"], v["w_zero_point"], v["B"]
         dtype = v["y_zero_point"].dtype
         if not (w.dtype in BYTES and dtype in BYTES and 3 <= x.dim() <= 5 and w.dim() == x.dim()
+                and x.shape[1] == w.shape[1] * self.group and w.shape[0] % self.group == 0
                 and (x_zero_point is None or x_zero_point.numel() == 1) and multiplier.dtype == torch.float32
                 and (w_zero_point is None or w_zero_point.numel() in (1, w.shape[0]))
-                and multiplier.numel() in (1, w.shape[0]) and (B is None or B.dtype == torch.int32)
-                and (not self.folded or multiplier.dim() <= 1)):
+                and multiplier.numel() in (1, w.shape[0])
+                and (B is None or (B.dtype == torch.int32 and B.numel() == w.shape[0]))
+                and v["y_zero_point"].numel() == 1 and (not self.folded or multiplier.dim() <= 1)):
             return None
         strides, dilations, begins, ends = self.geometry(x, w)
         if min(begins + ends) < 0:
             return None
         x_zero = 0 if x_zero_point is None else int(x_zero_point)
-        return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), self.group, *strides, *begins, *ends,
-                             *dilations], dtype=torch.int64)
-
-
-def shifted_weight(w: Tensor, zero_point: Tensor | None) -> Tensor:
-    """w - zero point (one or per output channel) as int16 [M, ...], contiguous: what the native convolution reads."""
-    value = w.to(torch.int16)
-    return (value if zero_point is None else value - _channel(zero_point.to(torch.int16), w.dim(), 0)).contiguous()
+        return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), self.group, *w.shape[2:], *strides,
+                             *begins, *ends, *dilations], dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops
@@ -697,14 +697,14 @@ def kept_operands(module: Module, names: tuple[str | None, ...], prepare):
     eager calls while each is the same tensor at the same version (load_state_dict and .to() change them). Inference
     tensors have no version counter: prepared at every call."""
     buffers = buffer_dict(module)
-    values = tuple(None if name is None else buffers[name] for name in names)
-    try:
-        versions = tuple(-1 if t is None else t._version for t in values)
+    values = [None if name is None else buffers[name] for name in names]
+    try:  # identities are safe to compare: the kept values hold the tensors
+        state = [None if t is None else (id(t), t._version) for t in values]
     except RuntimeError:
         return prepare(*values)
     kept = module.__dict__.get("_kept_operands")
-    if kept is None or kept[0] != versions or any(a is not b for a, b in zip(kept[1], values, strict=True)):
-        kept = module.__dict__["_kept_operands"] = (versions, values, prepare(*values))
+    if kept is None or kept[0] != state:
+        kept = module.__dict__["_kept_operands"] = (state, values, prepare(*values))
     return kept[2]
 
 

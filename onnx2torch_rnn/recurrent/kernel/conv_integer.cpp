@@ -18,6 +18,13 @@
 //       the packed weights (offsets [M] int32: 128 for uint8 weights, minus their zero point), then
 //       float32(acc) * (x_scale * scale[m]) [+ bias[m]] per output channel m, each step rounded (scale [1] or [M],
 //       bias [M] float32)
+//   qlinear_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
+//                Tensor numbers) -> Tensor
+//       QLinearConv: conv_integer's exact sums (weights packed alike) plus the int32 bias [M] (wrapping), requantized
+//       as MlasRequantizeOutput per output channel (multiplier [1] or [M] float32) to uint8 or int8. numbers: int64
+//       [x_zero, y_zero, 1 for an int8 output (else uint8), group, kernel, strides, pads (begins, ends), dilations]
+//       (per spatial axis; one tensor the module keeps per input shape: lists are boxed at every call, a tensor is
+//       passed as it is)
 //
 // im2col and an integer product: a tile of output positions gathers its inputs (uint8; int8 shifted by 128) from
 // x padded with its zero point, as rows of taps, times each group's weight panels with the zero points as row and
@@ -29,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -130,9 +138,9 @@ struct Weights {
   std::vector<int32_t> offsets;  // [group][panel_blocks(M / group) · G · L]
 };
 
-// Calls emit(n, m, p, acc) with the exact int32 sum of output channel m of image n at output position p: im2col
-// rows of a tile of output positions (uint8, x's zero point `x_zero` in its padding) times each group's weight
-// panels (int8.h: products), in parallel over images, groups and tiles.
+// Calls emit(n, m0, p, exact, count) with the exact int32 sums of output channels m0 .. m0 + count - 1 (count <= L)
+// of image n at output position p: im2col rows of a tile of output positions (uint8, x's zero point `x_zero` in its
+// padding) times each group's weight panels (int8.h: products), in parallel over images, groups and tiles.
 template <typename Emit>
 void convolve(const void* x, bool x_signed, int32_t x_zero, const Weights& w, const Geometry& s, int64_t N,
               int64_t C, int64_t M, int64_t group, Emit emit) {
@@ -169,9 +177,8 @@ void convolve(const void* x, bool x_signed, int32_t x_zero, const Weights& w, co
         a.sums[i] = sum;
       }
       products(a, rows, taps, false, w.data[g], w.sums[g], group_out, w.offsets.data() + g * padded,
-               [zero](int64_t) { return zero; }, [&](int64_t i, int64_t j0, I exact, int count) {
-                 for (int l = 0; l < count; ++l) emit(n, g * group_out + j0 + l, p0 + i, exact[l]);
-               });
+               [zero](int64_t) { return zero; },
+               [&](int64_t i, int64_t j0, I exact, int count) { emit(n, g * group_out + j0, p0 + i, exact, count); });
     }
   });
 }
@@ -221,7 +228,9 @@ Tensor conv_integer_cpu(const Tensor& x, const Tensor& panels, const Tensor& col
   Tensor out = allocate(output_shape(x, M, s), ScalarType::Int);
   int32_t* y = out.mutable_data_ptr<int32_t>();
   convolve(xc.const_data_ptr(), x.scalar_type() == ScalarType::Char, zx[0], weights, s, N, C, M, group,
-           [&](int64_t n, int64_t m, int64_t p, int32_t acc) { y[(n * M + m) * positions + p] = acc; });
+           [&](int64_t n, int64_t m0, int64_t p, I acc, int count) {
+             for (int l = 0; l < count; ++l) y[(n * M + m0 + l) * positions + p] = acc[l];
+           });
   return out;
 }
 
@@ -268,10 +277,83 @@ Tensor dynamic_quantized_conv_cpu(const Tensor& x, const Tensor& panels, const T
   Tensor out = allocate(output_shape(x, M, s), ScalarType::Float);
   float* y = out.mutable_data_ptr<float>();
   convolve(q.data(), false, p.zero_point, weights, s, N, C, M, group,
-           [&](int64_t n, int64_t m, int64_t position, int32_t acc) {
-             const float value = static_cast<float>(acc) * factor[m];
-             y[(n * M + m) * positions + position] = add ? value + add[m] : value;
+           [&](int64_t n, int64_t m0, int64_t position, I acc, int count) {
+             for (int l = 0; l < count; ++l) {
+               const int64_t m = m0 + l;
+               const float value = static_cast<float>(acc[l]) * factor[m];
+               y[(n * M + m) * positions + position] = add ? value + add[m] : value;
+             }
            });
+  return out;
+}
+
+// numbers[first + d] for d in [0, count)
+std::vector<int64_t> slice(const int64_t* numbers, int64_t first, int64_t count) {
+  return std::vector<int64_t>(numbers + first, numbers + first + count);
+}
+
+// MLAS's requantization of the exact sums of channels m0 .. m0 + count - 1 (one position) into y (channel stride
+// `stride`): float32(acc + bias) * multiplier, clamped to [lowest - zero, highest - zero] (NaN: the lowest),
+// rounded half to even, plus the zero point (modules/quantized.py: requantize).
+template <typename T>
+struct Requantize {
+  std::vector<int32_t> bias;      // per channel, zeros past M (or none)
+  std::vector<float> multiplier;  // per channel, padded to whole vectors
+  float low, high, zero;
+
+  Requantize(const Tensor& m, const std::optional<Tensor>& b, int64_t M, int64_t zero_point)
+      : bias(M + L, 0), multiplier(M + L, 0.0f), low(static_cast<float>(std::numeric_limits<T>::min() - zero_point)),
+        high(static_cast<float>(std::numeric_limits<T>::max() - zero_point)), zero(static_cast<float>(zero_point)) {
+    const float* mp = m.const_data_ptr<float>();
+    for (int64_t j = 0; j < M; ++j) {
+      multiplier[j] = mp[m.numel() == 1 ? 0 : j];
+      if (b) bias[j] = b->const_data_ptr<int32_t>()[j];
+    }
+  }
+  void operator()(I acc, int64_t m0, int count, T* y, int64_t stride) const {
+    // the int32 sum wraps as onnxruntime's does
+    acc = (I)((V<uint32_t>)acc + (V<uint32_t>)load(bias.data() + m0));
+    F v = __builtin_convertvector(acc, F) * load(multiplier.data() + m0);
+    v = !(v >= low) ? splat(low) : v;
+    v = v > high ? splat(high) : v;
+    const I q = __builtin_convertvector(round_even(v) + zero, I);
+    for (int l = 0; l < count; ++l) y[(m0 + l) * stride] = static_cast<T>(q[l]);
+  }
+};
+
+Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& column_sums, const Tensor& offsets,
+                        const Tensor& multiplier, const std::optional<Tensor>& bias, const Tensor& numbers) {
+  // dtypes and contiguity as the caller (modules/quantized.py: QLinearConv) checked them; the layout's size re-checked
+  const int64_t rank = x.dim() - 2, M = offsets.numel();
+  CHECK_VALUE(rank >= 1 && rank <= 3 && numbers.scalar_type() == ScalarType::Long && numbers.numel() == 4 + 5 * rank,
+              "qlinear_conv: x [N, C, 1-3 spatial axes] and numbers [x_zero, y_zero, int8 output, group, kernel, "
+              "strides, pads, dilations] expected");
+  CHECK_VALUE((multiplier.numel() == 1 || multiplier.numel() == M) && (!bias || bias->numel() == M),
+              "qlinear_conv: a multiplier (one or per output channel) and a bias per output channel expected");
+  const int64_t* n = numbers.const_data_ptr<int64_t>();
+  const int64_t group = n[3];
+  std::vector<int64_t> weight_shape{M, x.size(1) / std::max<int64_t>(group, 1)};
+  for (int64_t d = 0; d < rank; ++d) weight_shape.push_back(n[4 + d]);
+  const Geometry s = geometry(x, weight_shape, slice(n, 4 + rank, rank), slice(n, 4 + 2 * rank, 2 * rank),
+                              slice(n, 4 + 4 * rank, rank), group);
+  const int64_t N = x.size(0), C = x.size(1), positions = s.out[0] * s.out[1] * s.out[2];
+  const Weights weights = packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "qlinear_conv");
+  const ScalarType dtype = n[2] ? ScalarType::Char : ScalarType::Byte;
+  Tensor out = allocate(output_shape(x, M, s), dtype);
+  auto run = [&](auto type) {
+    using T = decltype(type);
+    const Requantize<T> requantize(multiplier, bias, M, n[1]);
+    T* y = static_cast<T*>(out.mutable_data_ptr());
+    convolve(x.const_data_ptr(), x.scalar_type() == ScalarType::Char, static_cast<int32_t>(n[0]), weights, s, N, C,
+             M, group, [&](int64_t image, int64_t m0, int64_t p, I acc, int count) {
+               requantize(acc, m0, count, y + image * M * positions + p, positions);
+             });
+  };
+  if (dtype == ScalarType::Char) {
+    run(int8_t{});
+  } else {
+    run(uint8_t{});
+  }
   return out;
 }
 
@@ -283,12 +365,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("conv_weight_pack(Tensor w, int group) -> (Tensor, Tensor)");
   m.def("dynamic_quantized_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, "
         "Tensor? bias, int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor");
+  m.def("qlinear_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias, "
+        "Tensor numbers) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("conv_integer", TORCH_BOX(&conv_integer_cpu));
   m.impl("conv_weight_pack", TORCH_BOX(&conv_weight_pack_cpu));
   m.impl("dynamic_quantized_conv", TORCH_BOX(&dynamic_quantized_conv_cpu));
+  m.impl("qlinear_conv", TORCH_BOX(&qlinear_conv_cpu));
 }
 
 }  // namespace onnx2torch_rnn

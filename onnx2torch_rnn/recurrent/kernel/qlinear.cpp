@@ -14,13 +14,6 @@
 //   qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor
 //       MLAS's QLinearMul: convert(float32((a - a_zero) * (b - b_zero)) * ratio + c_zero), broadcast as qlinear_add
 //   qlinear_lookup(Tensor x, Tensor table) -> Tensor          table[x - lowest] (256 values of the output type)
-//   qlinear_conv(Tensor x, Tensor w, Tensor multiplier, Tensor? bias, Tensor numbers) -> Tensor
-//       numbers: int64 [x_zero, y_zero, 1 for an int8 output (else uint8), group, strides, pads (begins, ends),
-//       dilations] (per spatial axis; one tensor the module keeps per input shape: numbers and lists are boxed at
-//       every call of an op, a tensor is passed as it is).
-//       QLinearConv: the exact convolution of x - x_zero (8-bit, [N, C, 1-3 spatial], padding 0 after the shift) by
-//       w - w_zero_point (int16, computed once by Python), plus the int32 bias, requantized as `requantize` per
-//       output channel. im2col by whole output rows, then each channel's sums over the taps (vectorised)
 //   qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
 //                  Tensor numbers) -> Tensor
 //       QLinearMatMul / QGemm by constant b in one call: the exact int32 product (a - a_zero) @ (b - b's zero point)
@@ -28,8 +21,9 @@
 //       point per column), requantized as `requantize` with the int32 bias [N] and the multiplier [1] or [N];
 //       numbers: int32 [a_zero, y_zero, 1 for an int8 output (else uint8)]
 //   qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor
-//       numbers: int64 [x_zero, y_zero, count_include_pad, kernel, strides, begins, out] (per spatial axis; kept as
-//       qlinear_conv's).
+//       numbers: int64 [x_zero, y_zero, count_include_pad, kernel, strides, begins, out] (per spatial axis; one
+//       tensor the module keeps per input shape: numbers and lists are boxed at every call of an op, a tensor is
+//       passed as it is).
 //       x [N, C, 1-3 spatial]: each window's dequantized taps summed in row-major order in float32 (taps in the
 //       padding skipped: they add +0), divided by its count, by y_scale, plus y_zero, rounded, saturated
 //   qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero,
@@ -62,7 +56,6 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 constexpr int64_t kGrain = 1 << 15;  // elements per task
-constexpr int64_t kConvTile = 256;  // output positions per convolution task (whole rows of the last axis)
 
 // Every output of this file is allocated here.
 Tensor output(const std::vector<int64_t>& sizes, ScalarType dtype) { return int8::allocate(sizes, dtype); }
@@ -380,138 +373,6 @@ Tensor qlinear_softmax_cpu(const Tensor& rows, const Tensor& table, double inver
   return out;
 }
 
-struct ConvGeometry {  // three spatial axes (missing ones of size 1)
-  int64_t in[3], out[3], kernel[3], stride[3], pad[3], dilation[3];
-};
-
-// numbers (qlinear_conv's): x_zero, y_zero, int8 output, group, then strides, pads (begins, ends), dilations
-ConvGeometry conv_geometry(const Tensor& x, const Tensor& w, const Numbers& n) {
-  const int64_t rank = x.dim() - 2;
-  CHECK_VALUE(rank >= 1 && rank <= 3 && w.dim() == x.dim(), "qlinear_conv: x [N, C, 1-3 spatial axes] and w "
-              "[M, C / group, kernel] expected");
-  n.expect(4 + 4 * rank, "qlinear_conv");
-  ConvGeometry s;
-  for (int a = 0; a < 3; ++a) {
-    const int64_t d = a - (3 - rank);  // the spatial axis this one is, or negative (size 1)
-    s.in[a] = d >= 0 ? x.size(2 + d) : 1;
-    s.kernel[a] = d >= 0 ? w.size(2 + d) : 1;
-    s.stride[a] = n.axis(4, rank, a, 1);
-    s.pad[a] = n.axis(4 + rank, rank, a, 0);
-    s.dilation[a] = n.axis(4 + 3 * rank, rank, a, 1);
-    const int64_t span = (s.kernel[a] - 1) * s.dilation[a] + 1;
-    const int64_t padded = s.in[a] + s.pad[a] + n.axis(4 + 2 * rank, rank, a, 0);
-    CHECK_VALUE(s.stride[a] >= 1 && s.dilation[a] >= 1 && s.pad[a] >= 0 && padded >= span,
-                      "qlinear_conv: the kernel does not fit the padded input");
-    s.out[a] = (padded - span) / s.stride[a] + 1;
-  }
-  return s;
-}
-
-// The shifted inputs (x - x_zero, 0 in the padding) of output rows [r0, r1) (a row: the positions along the last
-// spatial axis) of image n, group g, as column[tap][(r - r0) * out[2] + o2].
-template <typename T>
-void gather_rows(const T* x, int32_t x_zero, const ConvGeometry& s, int64_t channels, int64_t first_channel,
-                 int64_t r0, int64_t r1, int16_t* column) {
-  const int64_t plane = s.in[0] * s.in[1] * s.in[2], width = (r1 - r0) * s.out[2];
-  int64_t tap = 0;
-  for (int64_t c = 0; c < channels; ++c) {
-    const T* image = x + (first_channel + c) * plane;
-    for (int64_t k0 = 0; k0 < s.kernel[0]; ++k0) {
-      for (int64_t k1 = 0; k1 < s.kernel[1]; ++k1) {
-        for (int64_t k2 = 0; k2 < s.kernel[2]; ++k2, ++tap) {
-          int16_t* dst = column + tap * width;
-          // the outputs o2 whose input i2 = o2·stride - pad + k2·dilation lies in [0, in)
-          const int64_t shift = k2 * s.dilation[2] - s.pad[2];
-          const int64_t lo = std::min(s.out[2], shift >= 0 ? 0 : (-shift + s.stride[2] - 1) / s.stride[2]);
-          const int64_t hi = std::max(lo, std::min(s.out[2], s.in[2] - shift <= 0 ? 0 :
-                                                   (s.in[2] - shift - 1) / s.stride[2] + 1));
-          for (int64_t r = r0; r < r1; ++r, dst += s.out[2]) {
-            const int64_t o0 = r / s.out[1], o1 = r % s.out[1];
-            const int64_t i0 = o0 * s.stride[0] - s.pad[0] + k0 * s.dilation[0];
-            const int64_t i1 = o1 * s.stride[1] - s.pad[1] + k1 * s.dilation[1];
-            if (i0 < 0 || i0 >= s.in[0] || i1 < 0 || i1 >= s.in[1]) {
-              std::fill(dst, dst + s.out[2], int16_t{0});
-              continue;
-            }
-            const T* src = image + (i0 * s.in[1] + i1) * s.in[2];
-            std::fill(dst, dst + lo, int16_t{0});
-            if (s.stride[2] == 1) {  // contiguous: vectorised
-              for (int64_t o2 = lo; o2 < hi; ++o2) dst[o2] = static_cast<int16_t>(src[o2 + shift] - x_zero);
-            } else {
-              for (int64_t o2 = lo; o2 < hi; ++o2)
-                dst[o2] = static_cast<int16_t>(src[o2 * s.stride[2] + shift] - x_zero);
-            }
-            std::fill(dst + hi, dst + s.out[2], int16_t{0});
-          }
-        }
-      }
-    }
-  }
-}
-
-Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& w, const Tensor& multiplier, const std::optional<Tensor>& bias,
-                        const Tensor& numbers) {
-  const Numbers n(numbers, "qlinear_conv");
-  CHECK_VALUE(n.size >= 4, "qlinear_conv: numbers [x_zero, y_zero, int8 output, group, geometry] expected");
-  const int64_t x_zero = n.p[0], y_zero = n.p[1], group = n.p[3];
-  const ScalarType dtype = n.p[2] ? ScalarType::Char : ScalarType::Byte;
-  CHECK_VALUE(x.is_contiguous() && w.is_contiguous() && w.scalar_type() == ScalarType::Short &&
-                        multiplier.scalar_type() == ScalarType::Float && multiplier.is_contiguous() && group >= 1 &&
-                        x.size(1) % group == 0 && w.size(0) % group == 0 && w.size(1) * group == x.size(1) &&
-                        (multiplier.numel() == 1 || multiplier.numel() == w.size(0)),
-                    "qlinear_conv: contiguous 8-bit x, int16 w - w_zero_point [M, C / group, kernel] and float32 "
-                    "multipliers (one or per output channel) expected");
-  CHECK_VALUE(!bias || (bias->scalar_type() == ScalarType::Int && bias->is_contiguous() && bias->numel() == w.size(0)),
-                    "qlinear_conv: an int32 bias per output channel expected");
-  signed_bytes(x);
-  const ConvGeometry s = conv_geometry(x, w, n);
-  const int64_t N = x.size(0), C = x.size(1), M = w.size(0), channels = C / group, group_out = M / group;
-  const int64_t taps = channels * s.kernel[0] * s.kernel[1] * s.kernel[2], rows = s.out[0] * s.out[1];
-  std::vector<int64_t> shape{N, M};
-  for (int64_t d = 0; d < x.dim() - 2; ++d) shape.push_back(s.out[3 - (x.dim() - 2) + d]);
-  Tensor out = output(shape, dtype);
-  const int16_t* weights = w.const_data_ptr<int16_t>();
-  const float* m = multiplier.const_data_ptr<float>();
-  const int32_t* b = bias ? bias->const_data_ptr<int32_t>() : nullptr;
-  const int64_t m_count = multiplier.numel(), positions = rows * s.out[2];
-  const int64_t tile_rows = std::max<int64_t>(1, kConvTile / s.out[2]), tiles = (rows + tile_rows - 1) / tile_rows;
-  const float zero = static_cast<float>(y_zero);
-  with_type(x.scalar_type(), [&](auto in_type) {
-    using X = decltype(in_type);
-    with_type(dtype, [&](auto out_type) {
-      using Y = decltype(out_type);
-      const X* src = static_cast<const X*>(x.const_data_ptr());
-      Y* y = static_cast<Y*>(out.mutable_data_ptr());
-      torch::stable::parallel_for(0, N * group * tiles, 1, [&](int64_t begin, int64_t end) {
-        std::vector<int16_t> column(taps * tile_rows * s.out[2]);
-        std::vector<int32_t> acc(tile_rows * s.out[2]);
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t tile = task % tiles, g = task / tiles % group, n = task / (tiles * group);
-          const int64_t r0 = tile * tile_rows, r1 = std::min(rows, r0 + tile_rows), width = (r1 - r0) * s.out[2];
-          gather_rows(src + n * C * (s.in[0] * s.in[1] * s.in[2]), static_cast<int32_t>(x_zero), s, channels,
-                      g * channels, r0, r1, column.data());
-          for (int64_t mm = 0; mm < group_out; ++mm) {
-            const int64_t channel = g * group_out + mm;
-            const int16_t* wm = weights + channel * taps;
-            uint32_t* sums = reinterpret_cast<uint32_t*>(acc.data());  // wraps as onnxruntime's int32 accumulator
-            std::fill(sums, sums + width, b ? static_cast<uint32_t>(b[channel]) : 0u);
-            for (int64_t tap = 0; tap < taps; ++tap) {
-              const int32_t weight = wm[tap];
-              const int16_t* col = column.data() + tap * width;
-              for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<uint32_t>(weight * int32_t{col[j]});
-            }
-            const float scale = m[channel % m_count];
-            Y* dst = y + (n * M + channel) * positions + r0 * s.out[2];
-            for (int64_t j = 0; j < width; ++j)
-              dst[j] = saturate<Y>(std::nearbyint(static_cast<float>(static_cast<int32_t>(sums[j])) * scale) + zero);
-          }
-        }
-      });
-    });
-  });
-  return out;
-}
-
 Tensor qlinear_matmul_cpu(const Tensor& a, const Tensor& panels, const Tensor& column_sums,
                               const Tensor& offsets, const Tensor& multiplier,
                               const std::optional<Tensor>& bias, const Tensor& numbers) {
@@ -570,7 +431,6 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("qlinear_add(Tensor x, Tensor y, float x_ratio, float y_ratio, float offset) -> Tensor");
   m.def("qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor");
   m.def("qlinear_lookup(Tensor x, Tensor table) -> Tensor");
-  m.def("qlinear_conv(Tensor x, Tensor w, Tensor multiplier, Tensor? bias, Tensor numbers) -> Tensor");
   m.def("qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, "
         "Tensor? bias, Tensor numbers) -> Tensor");
   m.def("qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor");
@@ -584,7 +444,6 @@ STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("qlinear_add", TORCH_BOX(&qlinear_add_cpu));
   m.impl("qlinear_mul", TORCH_BOX(&qlinear_mul_cpu));
   m.impl("qlinear_lookup", TORCH_BOX(&qlinear_lookup_cpu));
-  m.impl("qlinear_conv", TORCH_BOX(&qlinear_conv_cpu));
   m.impl("qlinear_matmul", TORCH_BOX(&qlinear_matmul_cpu));
   m.impl("qlinear_average_pool", TORCH_BOX(&qlinear_average_pool_cpu));
   m.impl("qlinear_global_average_pool", TORCH_BOX(&qlinear_global_average_pool_cpu));
