@@ -236,20 +236,23 @@ def test_qlinear_softmax(monkeypatch, dtype, shape, axis, opset, output):
 
 
 @pytest.mark.parametrize("dtype", BYTES)
-def test_qlinear_concat_and_lookup_tables(monkeypatch, dtype):
-    """QLinearConcat's requantization tables (built at construction) and QLinearLookup's, looked up natively."""
-    g = torch.Generator().manual_seed(0)
+@pytest.mark.parametrize(("shapes", "axis"), [([(2, 1, 3), (2, 4, 3), (2, 5, 3)], 1), ([(3, 2), (1, 2)], 0),
+                                              ([(2, 3, 2), (2, 3, 1), (2, 3, 4)], -1)])
+def test_qlinear_concat_and_lookup_tables(monkeypatch, dtype, shapes, axis):
+    """QLinearConcat's requantization tables (built at construction) in one qlinear_concat (an identity table for
+    the copied input), and QLinearLookup's, looked up natively."""
+    g = torch.Generator().manual_seed(len(shapes))
     y_scale, y_zero = scales(g), zero_point(g, dtype)
-    xs = [ints(g, dtype, (2, n, 3)) for n in (1, 4, 5)]
+    xs = [ints(g, dtype, shape) for shape in shapes]
     parameters = [(scales(g), zero_point(g, dtype)) for _ in xs]
     parameters[1] = (y_scale, y_zero)  # copied
     tables = tuple(q.QLinearConcat.table(*p, y_scale, y_zero) for p in parameters)
     assert tables[1] is None and tables[0] is not None
     same = tuple(t is None for t in tables)
-    folded, given = q.QLinearConcat(1, same, tables), q.QLinearConcat(1)
+    folded, given = q.QLinearConcat(axis, same, tables), q.QLinearConcat(axis)
     args = [v for x, p in zip(xs, parameters, strict=True) for v in (x, *p)]
     nones = [v if i % 3 == 0 else None for i, v in enumerate(args)]
-    outputs(monkeypatch, "qlinear_lookup", [lambda: folded(None, None, *nones), lambda: given(y_scale, y_zero, *args)])
+    outputs(monkeypatch, "qlinear_concat", [lambda: folded(None, None, *nones), lambda: given(y_scale, y_zero, *args)])
     lookup = q.QLinearLookup("Sigmoid", None, (scales(g), zero_point(g, dtype), torch.tensor(1 / 256), None))
     x = ints(g, dtype, (3, 7, 5))
     outputs(monkeypatch, "qlinear_lookup", [lambda: lookup(x)])

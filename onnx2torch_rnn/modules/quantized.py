@@ -1105,6 +1105,9 @@ class QLinearConcat(Module):
         self.count = 0 if tables is None else len(tables)
         for index, table in enumerate(tables or ()):
             self.register_buffer(f"table_{index}", table)
+        # every input by a table (an identity one where copied): the native kernel's qlinear_concat, one call
+        self.native_tables = tuple(f"table_{index}" for index in range(self.count)) if any(
+            t is not None for t in tables or ()) else None
 
     @staticmethod
     def copies(x_scale, x_zero_point, y_scale, y_zero_point) -> bool:
@@ -1123,9 +1126,25 @@ class QLinearConcat(Module):
         q = torch.arange(low, high + 1, dtype=torch.int32)
         return quantize(dequantize(q, x_scale, x_zero_point), y_scale, y_zero_point, x_zero_point.dtype)
 
+    @staticmethod
+    def _stacked(*tables: Tensor | None) -> Tensor | None:
+        """The tables as qlinear_concat's [inputs, 256], an identity table for a copied input; None where they
+        differ in type."""
+        dtype = next(t.dtype for t in tables if t is not None)
+        if any(t is not None and (t.dtype != dtype or t.numel() != 256) for t in tables):
+            return None
+        low, high = integer_range(dtype)
+        identity = torch.arange(low, high + 1).to(dtype)
+        return torch.stack([identity if t is None else t.reshape(-1) for t in tables]).contiguous()
+
     def forward(self, y_scale, y_zero_point, *tuples):
+        xs = tuples[::3]
+        if self.native_tables is not None and len(xs) == self.count and native(xs[0]):
+            tables = kept_operands(self, self.native_tables, self._stacked)
+            if tables is not None and all(x.dtype == tables.dtype and x.is_contiguous() for x in xs):
+                return _NATIVE.qlinear_concat.default(list(xs), tables, self.axis)
         parts, buffers = [], buffer_dict(self)
-        for index, (x, x_scale, x_zero_point) in enumerate(zip(tuples[::3], tuples[1::3], tuples[2::3], strict=True)):
+        for index, (x, x_scale, x_zero_point) in enumerate(zip(xs, tuples[1::3], tuples[2::3], strict=True)):
             same = self.same[index] if self.same is not None else self.copies(x_scale, x_zero_point, y_scale,
                                                                                y_zero_point)
             table = buffers[f"table_{index}"] if index < self.count else None

@@ -30,6 +30,10 @@
 //                               bool channels_last) -> Tensor
 //       float32(Σ (x - x_zero)) * (x_scale / (y_scale * size)), rounded, plus y_zero, saturated; [N, C, 1, ...]
 //       ([N, 1, ..., C] channels last)
+//   qlinear_concat(Tensor[] xs, Tensor tables, int axis) -> Tensor
+//       QLinearConcat by constant scales and zero points in one call: input i requantized through row i of tables
+//       [len(xs), 256] (table[x - lowest], an identity row for a copied input), the inputs concatenated along axis
+//       (the same type and rank, the same sizes but along axis; contiguous)
 //   qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor
 //       rows [R, L]: v = table[(q + top - max(row)) & 0xFF] (top 255, or 127 for int8), Σ v in order in float32,
 //       saturate(round_half_even(v * inverse / Σ) + y_zero)
@@ -423,6 +427,46 @@ Tensor qlinear_matmul_cpu(const Tensor& a, const Tensor& panels, const Tensor& c
   return out;
 }
 
+Tensor qlinear_concat_cpu(const std::vector<Tensor>& xs, const Tensor& tables, int64_t axis) {
+  const int64_t count = static_cast<int64_t>(xs.size());
+  CHECK_VALUE(count >= 1 && tables.is_contiguous() && tables.numel() == 256 * count,
+              "qlinear_concat: inputs and a table of 256 values per input expected");
+  const bool flip = signed_bytes(tables);  // x - lowest as a byte
+  std::vector<int64_t> shape = sizes_of(xs[0]);
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  axis = axis < 0 ? axis + rank : axis;
+  CHECK_VALUE(rank >= 1 && axis >= 0 && axis < rank, "qlinear_concat: axis ", axis, " out of range");
+  shape[axis] = 0;
+  for (const Tensor& x : xs) {
+    CHECK_VALUE(x.scalar_type() == tables.scalar_type() && x.is_contiguous() && x.dim() == rank,
+                "qlinear_concat: contiguous inputs of the tables' type and one rank expected");
+    for (int64_t d = 0; d < rank; ++d)
+      CHECK_VALUE(d == axis || x.size(d) == shape[d], "qlinear_concat: the inputs' sizes differ off the axis");
+    shape[axis] += x.size(axis);
+  }
+  Tensor out = output(shape, tables.scalar_type());
+  int64_t outer = 1, inner = 1;  // blocks before the axis; values per unit of the axis
+  for (int64_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (int64_t d = axis + 1; d < rank; ++d) inner *= shape[d];
+  const uint8_t* t = static_cast<const uint8_t*>(tables.const_data_ptr());
+  uint8_t* y = static_cast<uint8_t*>(out.mutable_data_ptr());
+  const uint8_t mask = flip ? 0x80 : 0;
+  const int64_t row = shape[axis] * inner;  // output values per outer block
+  int64_t offset = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t chunk = xs[i].size(axis) * inner;
+    const uint8_t* q = static_cast<const uint8_t*>(xs[i].const_data_ptr());
+    const uint8_t* table = t + 256 * i;
+    for (int64_t o = 0; o < outer; ++o) {
+      uint8_t* dst = y + o * row + offset;
+      const uint8_t* src = q + o * chunk;
+      for (int64_t j = 0; j < chunk; ++j) dst[j] = table[src[j] ^ mask];
+    }
+    offset += chunk;
+  }
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
@@ -437,6 +481,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero, "
         "bool channels_last) -> Tensor");
   m.def("qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor");
+  m.def("qlinear_concat(Tensor[] xs, Tensor tables, int axis) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
@@ -448,6 +493,7 @@ STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("qlinear_average_pool", TORCH_BOX(&qlinear_average_pool_cpu));
   m.impl("qlinear_global_average_pool", TORCH_BOX(&qlinear_global_average_pool_cpu));
   m.impl("qlinear_softmax", TORCH_BOX(&qlinear_softmax_cpu));
+  m.impl("qlinear_concat", TORCH_BOX(&qlinear_concat_cpu));
 }
 
 }  // namespace onnx2torch_rnn
