@@ -281,33 +281,43 @@ Tensor qlinear_average_pool_cpu(const Tensor& x, const Tensor& numbers, double x
   const float xs = static_cast<float>(x_scale), ys = static_cast<float>(y_scale), zy = static_cast<float>(y_zero);
   const float whole = static_cast<float>(w.kernel[0] * w.kernel[1] * w.kernel[2]);
   const int64_t plane = w.in[0] * w.in[1] * w.in[2], positions = w.out[0] * w.out[1] * w.out[2];
+  // the taps [lo, hi) of axis a that lie in the input for output o
+  auto taps = [&w](int a, int64_t o, int64_t& lo, int64_t& hi, int64_t& start) {
+    start = o * w.stride[a] - w.begin[a];
+    lo = std::max<int64_t>(0, -start);
+    hi = std::max(lo, std::min(w.kernel[a], w.in[a] - start));
+  };
   with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
-    const T* q = static_cast<const T*>(x.const_data_ptr());
+    float dequantized[256];  // float32(q - x_zero) * x_scale by q's byte, as each tap computes it
+    for (int v = 0; v < 256; ++v)
+      dequantized[v] = static_cast<float>(static_cast<int32_t>(static_cast<T>(v)) - static_cast<int32_t>(x_zero)) * xs;
+    const uint8_t* q = static_cast<const uint8_t*>(x.const_data_ptr());
     T* y = static_cast<T*>(out.mutable_data_ptr());
     torch::stable::parallel_for(0, x.size(0) * x.size(1), std::max<int64_t>(1, kGrain / std::max<int64_t>(1, positions)),
                      [&](int64_t begin, int64_t end) {
       for (int64_t image = begin; image < end; ++image) {
-        const T* src = q + image * plane;
-        for (int64_t p = 0; p < positions; ++p) {
-          const int64_t o2 = p % w.out[2], o1 = p / w.out[2] % w.out[1], o0 = p / (w.out[2] * w.out[1]);
-          float total = 0.0f;
-          int64_t count = 0;
-          for (int64_t k0 = 0; k0 < w.kernel[0]; ++k0) {
-            const int64_t i0 = o0 * w.stride[0] - w.begin[0] + k0;
-            for (int64_t k1 = 0; k1 < w.kernel[1]; ++k1) {
-              const int64_t i1 = o1 * w.stride[1] - w.begin[1] + k1;
-              for (int64_t k2 = 0; k2 < w.kernel[2]; ++k2) {
-                const int64_t i2 = o2 * w.stride[2] - w.begin[2] + k2;
-                if (i0 < 0 || i0 >= w.in[0] || i1 < 0 || i1 >= w.in[1] || i2 < 0 || i2 >= w.in[2]) continue;
-                total += static_cast<float>(static_cast<int32_t>(src[(i0 * w.in[1] + i1) * w.in[2] + i2]) -
-                                            static_cast<int32_t>(x_zero)) * xs;
-                ++count;
+        const uint8_t* src = q + image * plane;
+        T* dst = y + image * positions;
+        int64_t lo[3], hi[3], start[3];
+        for (int64_t o0 = 0; o0 < w.out[0]; ++o0) {
+          taps(0, o0, lo[0], hi[0], start[0]);
+          for (int64_t o1 = 0; o1 < w.out[1]; ++o1) {
+            taps(1, o1, lo[1], hi[1], start[1]);
+            for (int64_t o2 = 0; o2 < w.out[2]; ++o2, ++dst) {
+              taps(2, o2, lo[2], hi[2], start[2]);
+              float total = 0.0f;  // the taps in row-major order (those in the padding skipped: they add +0)
+              for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
+                for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
+                  const uint8_t* row = src + ((start[0] + k0) * w.in[1] + start[1] + k1) * w.in[2] + start[2];
+                  for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) total += dequantized[row[k2]];
+                }
               }
+              const int64_t count = (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]);
+              const float counted = count_include_pad ? whole : static_cast<float>(count);
+              *dst = saturate<T>(std::nearbyint(total / counted / ys + zy));
             }
           }
-          const float counted = count_include_pad ? whole : static_cast<float>(count);
-          y[image * positions + p] = saturate<T>(std::nearbyint(total / counted / ys + zy));
         }
       }
     });
