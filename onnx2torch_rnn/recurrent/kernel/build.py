@@ -16,7 +16,8 @@ LIBRARIES = (("recurrent", ("recurrent.cpp",)),
              ("int8", ("dynamic_quantize_lstm.cpp", "quantized_ops.cpp", "conv_integer.cpp", "quantize_linear.cpp",
                        "qlinear.cpp")))
 SOURCES = tuple(source for _, sources in LIBRARIES for source in sources)
-HEADERS = ("config.h", "vec.h", "int8.h")  # included by them: they count in the first-use build's name, ship in wheels
+# included by them: they count in the first-use build's name, ship in wheels
+HEADERS = ("config.h", "empty.h", "vec.h", "int8.h")
 # The stable ABI the libraries target (TORCH_TARGET_VERSION; pyproject's lowest torch): they load in this torch and
 # every later one, and are not loaded by an older one (which builds them on first use).
 STABLE_ABI = (2, 13)

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "config.h"  // CHECK_VALUE
+#include "empty.h"
 #include "vec.h"
 
 #if defined(__clang__)
@@ -48,21 +49,8 @@ namespace int8 {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-// A new contiguous CPU tensor: the AOTI shim's empty_strided, one direct call (recurrent.cpp: empty).
-inline Tensor allocate(const std::vector<int64_t>& sizes, ScalarType dtype) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    strides[k] = stride;
-    stride *= std::max<int64_t>(sizes[k], 1);
-  }
-  AtenTensorHandle handle;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
-      static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
-      torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)), aoti_torch_device_type_cpu(), 0,
-      &handle));
-  return Tensor(handle);
-}
+// A new contiguous CPU tensor (empty.h).
+inline Tensor allocate(const std::vector<int64_t>& sizes, ScalarType dtype) { return empty_cpu(sizes, dtype); }
 
 inline std::vector<int64_t> sizes_of(const Tensor& t) {
   const auto sizes = t.sizes();

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "config.h"
+#include "empty.h"
 #include "vec.h"
 
 namespace onnx2torch_rnn {
@@ -90,28 +91,15 @@ struct Dims {
   }
   size_t size() const { return n; }
   const int64_t* begin() const { return v.data(); }
+  const int64_t* data() const { return v.data(); }
   const int64_t* end() const { return v.data() + n; }
   int64_t& operator[](size_t k) { return v[k]; }
   int64_t operator[](size_t k) const { return v[k]; }
 };
 
-// A new CPU tensor, contiguous or laid out by `strides`. torch::stable's empty and new_empty go through the
-// dispatcher's boxed path, about two microseconds each, which a batch-1 node notices (an LSTM node of hidden 64, 16
-// steps, batch 1: 30-32 us with them, 22-26 us with this, 20-23 us on torch's full C++ API); the AOTI shim's
-// empty_strided, also part of the stable ABI, is one direct call.
+// A new CPU tensor, contiguous or laid out by `strides` (empty.h).
 Tensor empty(const Dims& shape, ScalarType dtype, const Dims* strides = nullptr) {
-  Dims contiguous = shape;
-  int64_t stride = 1;
-  for (size_t k = shape.size(); k-- > 0;) {
-    contiguous[k] = stride;
-    stride *= std::max<int64_t>(shape[k], 1);
-  }
-  AtenTensorHandle handle;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
-      static_cast<int64_t>(shape.size()), shape.begin(), (strides ? *strides : contiguous).begin(),
-      torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)), aoti_torch_device_type_cpu(), 0,
-      &handle));
-  return Tensor(handle);
+  return empty_cpu(shape, dtype, strides ? strides->data() : nullptr);
 }
 
 // Whether the node's weights include P (only ONNX weights can).
