@@ -239,9 +239,14 @@ def dynamic_parameters(x: Tensor, leading: int = 0) -> tuple[Tensor, Tensor]:
 def native(*tensors: Tensor) -> bool:
     """Whether an eager call runs the native kernel's int8 op (recurrent/kernel/quantized_ops.cpp, built on first
     use) instead of the Python implementation here, which computes the same numbers: CPU inference, not compiling
-    or tracing."""
-    return (not torch.compiler.is_compiling() and tensors[0].is_cpu and not needs_grad(tensors)
-            and not torch.jit.is_tracing() and kernel.load("int8"))
+    or tracing. Every eager int8 node asks (it cost 0.75 us, now 0.3): the checks bound once (dynamo knows
+    is_compiling by identity), grad mode before the tensors' flags, torch.jit.is_tracing's C check (torch.compile
+    never reaches it: the compiling check comes first)."""
+    return (not _IS_COMPILING() and tensors[0].is_cpu and not (_GRAD_ENABLED() and needs_grad(tensors))
+            and not _IS_TRACING() and kernel.load("int8"))
+
+
+_IS_COMPILING, _GRAD_ENABLED, _IS_TRACING = torch.compiler.is_compiling, torch.is_grad_enabled, torch._C._is_tracing
 
 
 def dynamic_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

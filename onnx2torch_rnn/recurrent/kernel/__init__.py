@@ -87,8 +87,13 @@ def _name(variant: str, library: str = "recurrent") -> str:
 def load(library: str = "recurrent") -> bool:
     """Load the kernel (building a library the first time where no prebuilt one fits); whether ``library`` is
     loaded (False, with one warning, where that is not possible)."""
-    with _lock:
-        return library in _attempt()[1]
+    return library in _loaded()
+
+
+@functools.cache  # read without the lock once made (an int8 node asks at every eager call: the lock cost 0.2 us)
+def _loaded() -> dict[str, str]:
+    with _lock:  # one attempt: a second thread's first call waits for it
+        return _attempt()[1]
 
 
 @functools.cache  # one attempt per process: a library once loaded stays registered with torch
