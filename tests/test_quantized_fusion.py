@@ -26,8 +26,9 @@ from tests.exporters.common import manifest_input_sets, read_manifest
 from tests.helpers import integers, make_model
 
 
-def chain(product: str, w_type, per_channel: bool, bias: bool, rng: np.random.Generator):
-    """A quantize_dynamic chain on x: MatMul [2, 5, 24] x [24, 7] or Conv [2, 3, 6, 7] x [4, 3, 3, 3]."""
+def chain(product: str, w_type, per_channel: bool, bias: bool, rng: np.random.Generator, relu: bool = False):
+    """A quantize_dynamic chain on x: MatMul [2, 5, 24] x [24, 7] or Conv [2, 3, 6, 7] x [4, 3, 3, 3] (then a Relu,
+    fused too)."""
     conv = product == "ConvInteger"
     w_shape, out_shape = ((4, 3, 3, 3), (2, 4, 6, 7)) if conv else ((24, 7), (2, 5, 7))
     channels = w_shape[0] if conv else w_shape[1]
@@ -43,6 +44,9 @@ def chain(product: str, w_type, per_channel: bool, bias: bool, rng: np.random.Ge
     if bias:
         values["b"] = rng.standard_normal((channels, 1, 1) if conv else (channels,)).astype(np.float32)
         nodes.append(helper.make_node("Add", ["b", "scaled"], ["y"]))
+    if relu:
+        nodes[-1].output[0] = "linear"
+        nodes.append(helper.make_node("Relu", ["linear"], ["y"]))
     x_shape = (2, 3, 6, 7) if conv else (2, 5, 24)
     return make_model(nodes, [("x", np.float32, x_shape)], [("y", np.float32, out_shape)], values, opset=17), x_shape
 
@@ -50,10 +54,10 @@ def chain(product: str, w_type, per_channel: bool, bias: bool, rng: np.random.Ge
 @pytest.mark.parametrize("product", ["MatMulInteger", "ConvInteger"])
 @pytest.mark.parametrize("w_type", [np.uint8, np.int8])
 @pytest.mark.parametrize("per_channel", [False, True])
-@pytest.mark.parametrize("bias", [False, True])
-def test_fused_chain_is_onnxruntime_bit_for_bit(product, w_type, per_channel, bias):
+@pytest.mark.parametrize("bias, relu", [(False, False), (True, False), (False, True)])
+def test_fused_chain_is_onnxruntime_bit_for_bit(product, w_type, per_channel, bias, relu):
     rng = np.random.default_rng(0)
-    model, x_shape = chain(product, w_type, per_channel, bias, rng)
+    model, x_shape = chain(product, w_type, per_channel, bias, rng, relu)
     fused, literal = onnx2torch_rnn.convert(model), onnx2torch_rnn.convert(model, fuse=False)
     assert [type(m) for m in fused.children()] == [DynamicQuantizedProduct]
     options = ort.SessionOptions()
@@ -124,6 +128,9 @@ def random_chain(rng: random.Random):
         values["b"] = generator.standard_normal(scale_shape).astype(np.float32)
         nodes[-1].output[0] = "scaled"
         nodes.append(helper.make_node("Add", ["scaled", "b"], ["y"]))
+    if generator.random() < 0.4:  # a Relu after it: fused too
+        nodes[-1].output[0] = "linear"
+        nodes.append(helper.make_node("Relu", ["linear"], ["y"]))
     model = make_model(nodes, [("x", np.float32, x_shape)], ["y"], values, opset=17)
     return model, x_shape, conv and zero_per_channel
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..recurrent import kernel
 from ..torch_compat import known_true
 from .common import Module, attributes_repr, ceil_div, eager, kept_geometry, trunc_div
 from .shape import ints
@@ -23,6 +24,7 @@ from .shape import ints
 CONV = MappingProxyType({1: F.conv1d, 2: F.conv2d, 3: F.conv3d})
 CONV_TRANSPOSE = MappingProxyType({1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d})
 MAX_POOL = MappingProxyType({1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d})
+_NATIVE_POOL = frozenset((torch.float32, torch.uint8, torch.int8))  # the native kernel's max_pool
 
 
 def per_axis(value, n: int, default: int) -> list[int]:
@@ -302,6 +304,10 @@ class _Pool(Module):
         return attributes_repr(self, self.ATTRIBUTES + tuple(getattr(self, "EXTRA", ())))
 
 
+def native_max_pool(x: torch.Tensor, numbers: torch.Tensor) -> torch.Tensor:
+    return torch.ops.onnx2torch_rnn.max_pool.default(x, numbers)
+
+
 class MaxPool(_Pool):
     """ONNX MaxPool; returns (Y, Indices) when ``indices`` is set. Indices count over the whole N x C x ... input,
     in row-major (storage_order=0) or column-major (1) order of the spatial axes."""
@@ -349,9 +355,17 @@ class MaxPool(_Pool):
 
 
     def _eager(self, x):
-        """An eager call without indices: the window geometry kept per input shape (its Python arithmetic costs as
-        much as a small pool), no padding where none is needed, no indices computed. None where the general path
-        must run (integer types other than 8-bit on CPU, which torch's pooling takes)."""
+        """An eager call without indices: the native kernel's max_pool (recurrent/kernel/qlinear.cpp; float32,
+        uint8, int8 on CPU, no gradient) on numbers kept per input shape, else torch's pooling on the window geometry
+        kept per input shape (its Python arithmetic costs as much as a small pool), no padding where none is
+        needed. None where the general path must run (integer types other than 8-bit on CPU, which torch's pooling
+        takes)."""
+        if x.dtype in _NATIVE_POOL and x.is_cpu and not (x.requires_grad and torch.is_grad_enabled()):
+            kept = self.__dict__.get("_native")  # (input shape, numbers or None without the kernel)
+            if kept is None or kept[0] != x.shape:
+                kept = self.__dict__["_native"] = (x.shape, self._numbers(x) if kernel.load("int8") else None)
+            if kept[1] is not None:
+                return native_max_pool(x if x.is_contiguous() else x.contiguous(), kept[1])
         n = len(self.kernel_shape)
         if not (x.dtype.is_floating_point or (n == 2 and x.dtype in (torch.uint8, torch.int8) and x.is_cpu)):
             return None
@@ -360,6 +374,17 @@ class MaxPool(_Pool):
             lowest = torch.finfo(x.dtype).min if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
             x = pad(x, [0, 0, *begins], [0, 0, *ends], value=lowest)
         return MAX_POOL[n](x, self.kernel_shape, strides, 0, dilations)
+
+    def _numbers(self, x) -> torch.Tensor | None:
+        """max_pool's numbers: kernel, strides, head pads, output sizes, dilations (None where some output size is
+        not positive: torch's pooling says why)."""
+        if len(self.kernel_shape) != x.dim() - 2:
+            return None
+        geometry, strides, dilations, begins, _ = self._compute_geometry(x)
+        outs = [out for _, _, out in geometry]
+        if min(outs) < 1:
+            return None
+        return torch.tensor([*self.kernel_shape, *strides, *begins, *outs, *dilations], dtype=torch.int64)
 
 
 class AveragePool(_Pool):

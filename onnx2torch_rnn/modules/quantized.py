@@ -645,15 +645,16 @@ class MatMulIntegerToFloat(Module):
 
 class DynamicQuantizedProduct(Module):
     """DynamicQuantizeLinear -> MatMulInteger or ConvInteger by constant weights -> Cast to float -> Mul by
-    x_scale * w_scale (-> Add of a constant bias) in one module (passes/quantized.py): the same float32 steps as
-    those nodes. In eager CPU inference one call of the native kernel (``dynamic_quantized_matmul`` or
-    ``dynamic_quantized_conv``) on the weights prepared once per weight version (``_operands``), where the
-    scale and bias vary along the output channel only; else those steps here (the reference)."""
+    x_scale * w_scale (-> Add of a constant bias) (-> Relu) in one module (passes/quantized.py): the same float32
+    steps as those nodes. In eager CPU inference one call of the native kernel (``dynamic_quantized_matmul`` or
+    ``dynamic_quantized_conv``, which applies the Relu too) on the weights prepared once per weight version
+    (``_operands``), where the scale and bias vary along the output channel only; else those steps here (the
+    reference)."""
 
     def __init__(self, integer: MatMulInteger | ConvInteger, weight: Tensor, weight_zero_point: Tensor | None,
-                 weight_scale: Tensor, bias: Tensor | None):
+                 weight_scale: Tensor, bias: Tensor | None, relu: bool = False):
         super().__init__()
-        self.integer = integer
+        self.integer, self.relu = integer, relu
         for name, value in (("weight", weight), ("weight_zero_point", weight_zero_point),
                             ("weight_scale", weight_scale), ("bias", bias)):
             self.register_buffer(name, value)
@@ -670,7 +671,8 @@ class DynamicQuantizedProduct(Module):
         q, scale, zero_point = dynamic_quantize(x)
         acc = type(self.integer).forward(self.integer, q, self.weight, zero_point, self.weight_zero_point)
         value = acc.float() * (scale * self.weight_scale)
-        return value if self.bias is None else value + self.bias
+        value = value if self.bias is None else value + self.bias
+        return torch.relu(value) if self.relu else value
 
     def _native(self, x: Tensor) -> Tensor | None:
         """The native kernel's call, or None where x does not fit it (the reference path then says why, if at all)."""
@@ -679,16 +681,21 @@ class DynamicQuantizedProduct(Module):
         if self.native_form == "matmul":
             if x.dim() < self.min_rank or x.shape[-1] != weight.shape[0]:
                 return None
-            return _NATIVE.dynamic_quantized_matmul.default(x, *operands)
+            y = _NATIVE.dynamic_quantized_matmul.default(x, *operands)
+            return torch.relu_(y) if self.relu else y
+        numbers = kept_geometry(self, x.shape, lambda: self._numbers(x, weight))
+        return None if numbers is None else _NATIVE.dynamic_quantized_conv.default(x, *operands, numbers)
+
+    def _numbers(self, x: Tensor, weight: Tensor) -> Tensor | None:
+        """dynamic_quantized_conv's numbers for this input shape (automatic pads depend on it): Relu, group, kernel,
+        strides, pads, dilations; None where x does not fit the op."""
         if x.dim() != weight.dim() or x.shape[1] != weight.shape[1] * self.group:
             return None
-        geometry = self.__dict__.get("_geometry")
-        if geometry is None or geometry[0] != x.shape[2:]:  # per spatial size (automatic pads depend on it)
-            strides, dilations, begins, ends = self.integer.geometry(x, weight)
-            geometry = self.__dict__["_geometry"] = (x.shape[2:], strides, begins + ends, dilations)
-        if min(geometry[2], default=0) < 0:
+        strides, dilations, begins, ends = self.integer.geometry(x, weight)
+        if min(begins + ends, default=0) < 0:
             return None
-        return _NATIVE.dynamic_quantized_conv.default(x, *operands, *geometry[1:], self.group)
+        return torch.tensor([int(self.relu), self.group, *weight.shape[2:], *strides, *begins, *ends, *dilations],
+                            dtype=torch.int64)
 
     def _operands(self) -> tuple[Tensor, tuple]:
         """(weight, the native op's weight operands), prepared once per version of the buffers: packing costs more
@@ -741,12 +748,12 @@ def _prepare(form: str, group: int, weight: Tensor, zero_point: Tensor | None, s
              bias: Tensor | None) -> tuple:
     """The native op's weight operands: the weights packed (int8_matrix_pack or conv_weight_pack), their column
     sums, their offsets (128 for uint8 weights, minus the zero point, per output channel), the scale and the bias
-    as float32 vectors; the convolution's weight shape."""
+    as float32 vectors."""
     vectors = (scale.float().reshape(-1).contiguous(), None if bias is None else bias.float().reshape(-1).contiguous())
     matmul, contiguous = form == "matmul", weight.contiguous()
     panels, sums = _NATIVE.int8_matrix_pack(contiguous) if matmul else _NATIVE.conv_weight_pack(contiguous, group)
     operands = (panels, sums, weight_offsets(weight, zero_point, weight.shape[1 if matmul else 0]), *vectors)
-    return operands if matmul else (*operands, list(weight.shape))
+    return operands
 
 
 def convert_and_pack(value: Tensor, dtype: torch.dtype) -> Tensor:

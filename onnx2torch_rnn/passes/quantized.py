@@ -3,7 +3,7 @@ onnxruntime's quantize_dynamic writes them (per MatMul or Conv):
 
     DynamicQuantizeLinear(x) -> (xq, x_scale, x_zero_point)
     MatMulInteger or ConvInteger(xq, W, x_zero_point, W_zero_point) -> Cast(float) -> Mul(., x_scale * W_scale)
-    [-> Add(., bias)]
+    [-> Add(., bias)] [-> Relu]
 
 become one module (``DynamicQuantizedProduct``): six or seven modules per call as written, one here. The same
 operations on the same values in the same order (the two products and the sum are commutative in float32, and
@@ -64,14 +64,18 @@ def dynamic_quantized_product(view: GraphView):
         add = view.only_consumer(mul.output[0])
         if _op(add, "Add") and _float_constant(view, _other(add, mul.output[0])):
             nodes, bias = [*nodes, add], _other(add, mul.output[0])
+        relu = view.only_consumer(nodes[-1].output[0])
+        relu = _op(relu, "Relu") and len(relu.input) == 1
+        if relu:
+            nodes.append(view.only_consumer(nodes[-1].output[0]))
         names = (quantizer.input[0], inputs[1], inputs[3] or None, _other(scales, quantizer.output[1]), bias)
         yield Fusion("dynamic_quantized_product", f"dynamic quantized {product.op_type}", nodes,
                      [name for name in names if name], [nodes[-1].output[0]],
-                     lambda ctx, product=product, names=names: _convert(ctx, product, *names))
+                     lambda ctx, product=product, names=names, relu=relu: _convert(ctx, product, *names, relu))
 
 
 def _convert(ctx, product: onnx.NodeProto, x: str, weight: str, zero_point: str | None, scale: str,
-             bias: str | None) -> Converted:
+             bias: str | None, relu: bool) -> Converted:
     integer = ctx.convert(product).module  # the MatMulInteger or ConvInteger module, its attributes checked
     constants = [ctx.constant(name) if name else None for name in (weight, zero_point, scale, bias)]
-    return Converted(DynamicQuantizedProduct(integer, *constants), [x])
+    return Converted(DynamicQuantizedProduct(integer, *constants, relu=relu), [x])

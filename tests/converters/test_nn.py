@@ -11,6 +11,8 @@ from torch import nn
 import onnx2torch_rnn
 from onnx2torch_rnn import UnsupportedAttributeError
 from onnx2torch_rnn.checking import random_inputs, run_onnxruntime, run_torch
+from onnx2torch_rnn.modules import nn as nn_modules
+from onnx2torch_rnn.recurrent import kernel
 from tests.helpers import (
     CONV_CASES,
     check,
@@ -274,6 +276,30 @@ def test_max_pool_dtypes(dtype, attributes):
     model, _ = _node_model("MaxPool", (1, 2, 6, 7), 12, dtype=dtype, kernel_shape=[3, 3], **attributes)
     x = RNG.integers(-128, 127, (1, 2, 6, 7)) if dtype == np.int8 else RNG.integers(0, 255, (1, 2, 6, 7))
     check(model, {"x": x.astype(dtype)})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int8])
+@pytest.mark.parametrize(("attributes", "x_shape"), [case[:2] for case in POOL_CASES])
+def test_max_pool_native(dtype, attributes, x_shape, monkeypatch):
+    """Y alone in eager CPU inference: the native kernel's max_pool (float32, uint8, int8; nn.native_max_pool),
+    equal to onnxruntime and, bit for bit, to torch's pooling (the path without the kernel), NaN included."""
+    if not kernel.load("int8"):
+        pytest.skip("no native kernel here: torch's pooling is tested above")
+    calls, native = [], nn_modules.native_max_pool
+    monkeypatch.setattr(nn_modules, "native_max_pool", lambda *args: calls.append(1) or native(*args))
+    x = RNG.standard_normal(x_shape).astype(np.float32) * 50
+    x = x if dtype == np.float32 else x.clip(*((0, 255) if dtype == np.uint8 else (-128, 127))).astype(dtype)
+    model = _node_model("MaxPool", x_shape, 12, dtype=dtype, **attributes)[0]
+    module = check(model, {"x": x})
+    if dtype == np.float32:
+        x.reshape(-1)[::7] = np.nan
+    with torch.no_grad():
+        got = module(torch.from_numpy(x))
+        with monkeypatch.context() as python:
+            python.setattr(nn_modules.kernel, "load", lambda *_: False)
+            want = onnx2torch_rnn.convert(model)(torch.from_numpy(x))
+    assert len(calls) == 2 and torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
 @pytest.mark.parametrize(("opset", "attributes", "x_shape"), list(_pool_cases("AveragePool")))

@@ -12,12 +12,13 @@
 //       contiguous uint8 or int8 weights [M, C / group, *kernel] as each group's matrix [taps, M / group] in int8
 //       panels (int8.h), once per weight (the caller keeps them)
 //   dynamic_quantized_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, Tensor? bias,
-//                          int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor
+//                          Tensor numbers) -> Tensor
 //       quantize_dynamic's chain DynamicQuantizeLinear -> ConvInteger by constant weights -> Cast -> Mul(x_scale *
-//       w_scale) [-> Add bias] in one call: float32 x (contiguous) quantized to uint8 over its range, convolved by
-//       the packed weights (offsets [M] int32: 128 for uint8 weights, minus their zero point), then
+//       w_scale) [-> Add bias] [-> Relu] in one call: float32 x (contiguous) quantized to uint8 over its range,
+//       convolved by the packed weights (offsets [M] int32: 128 for uint8 weights, minus their zero point), then
 //       float32(acc) * (x_scale * scale[m]) [+ bias[m]] per output channel m, each step rounded (scale [1] or [M],
-//       bias [M] float32)
+//       bias [M] float32), then 0 in place of a negative value with Relu (NaN kept, as torch.relu). numbers: int64
+//       [1 for Relu, group, kernel, strides, pads (begins, ends), dilations] (per spatial axis; kept per input shape)
 //   qlinear_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
 //                Tensor numbers) -> Tensor
 //       QLinearConv: conv_integer's exact sums (weights packed alike) plus the int32 bias [M] (wrapping), requantized
@@ -250,16 +251,40 @@ std::tuple<Tensor, Tensor> conv_weight_pack_cpu(const Tensor& w, int64_t group) 
   return {data, sums};
 }
 
+// numbers[first + d] for d in [0, count)
+std::vector<int64_t> slice(const int64_t* numbers, int64_t first, int64_t count) {
+  return std::vector<int64_t>(numbers + first, numbers + first + count);
+}
+
+// The geometry of x [N, C, 1-3 spatial axes] convolved into M channels as `numbers` gives it from `first` on: [group,
+// kernel, strides, pads (begins, ends), dilations] per spatial axis (one int64 tensor the caller keeps per input
+// shape: lists are boxed at every call, a tensor is passed as it is); the group too.
+Geometry numbered_geometry(const Tensor& x, const Tensor& numbers, int64_t first, int64_t M, int64_t& group,
+                           const char* op) {
+  const int64_t rank = x.dim() - 2;
+  CHECK_VALUE(rank >= 1 && rank <= 3 && numbers.scalar_type() == ScalarType::Long && numbers.is_contiguous() &&
+                  numbers.numel() == first + 1 + 5 * rank,
+              op, ": x [N, C, 1-3 spatial axes] and ", first + 1 + 5 * rank, " int64 numbers expected");
+  const int64_t* n = numbers.const_data_ptr<int64_t>() + first;
+  group = n[0];
+  std::vector<int64_t> weight_shape{M, x.size(1) / std::max<int64_t>(group, 1)};
+  for (int64_t d = 0; d < rank; ++d) weight_shape.push_back(n[1 + d]);
+  return geometry(x, weight_shape, slice(n, 1 + rank, rank), slice(n, 1 + 2 * rank, 2 * rank),
+                  slice(n, 1 + 4 * rank, rank), group);
+}
+
 Tensor dynamic_quantized_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& column_sums,
                                   const Tensor& offsets, const Tensor& scale, const std::optional<Tensor>& bias,
-                                  const std::vector<int64_t>& weight_shape, const std::vector<int64_t>& strides,
-                                  const std::vector<int64_t>& pads, const std::vector<int64_t>& dilations,
-                                  int64_t group) {
+                                  const Tensor& numbers) {
   // dtypes and contiguity as the caller (modules/quantized.py) checked them; the layout's size re-checked
   CHECK_VALUE(x.scalar_type() == ScalarType::Float && x.is_contiguous(),
               "dynamic_quantized_conv: contiguous float32 x expected");
-  const Geometry s = geometry(x, weight_shape, strides, pads, dilations, group);
-  const int64_t N = x.size(0), C = x.size(1), M = weight_shape[0];
+  const int64_t N = x.size(0), C = x.size(1), M = offsets.numel();
+  CHECK_VALUE((scale.numel() == 1 || scale.numel() == M) && (!bias || bias->numel() == M),
+              "dynamic_quantized_conv: a scale (one or per output channel) and a bias per output channel expected");
+  int64_t group = 1;
+  const Geometry s = numbered_geometry(x, numbers, 1, M, group, "dynamic_quantized_conv");
+  const bool relu = numbers.const_data_ptr<int64_t>()[0] != 0;
   const Weights weights =
       packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "dynamic_quantized_conv");
   const float* v = x.const_data_ptr<float>();
@@ -280,17 +305,14 @@ Tensor dynamic_quantized_conv_cpu(const Tensor& x, const Tensor& panels, const T
            [&](int64_t n, int64_t m0, int64_t position, I acc, int count) {
              for (int l = 0; l < count; ++l) {
                const int64_t m = m0 + l;
-               const float value = static_cast<float>(acc[l]) * factor[m];
-               y[(n * M + m) * positions + position] = add ? value + add[m] : value;
+               float value = static_cast<float>(acc[l]) * factor[m];
+               value = add ? value + add[m] : value;
+               y[(n * M + m) * positions + position] = relu && value < 0.0f ? 0.0f : value;
              }
            });
   return out;
 }
 
-// numbers[first + d] for d in [0, count)
-std::vector<int64_t> slice(const int64_t* numbers, int64_t first, int64_t count) {
-  return std::vector<int64_t>(numbers + first, numbers + first + count);
-}
 
 // MLAS's requantization of the exact sums of channels m0 .. m0 + count - 1 (one position) into y (channel stride
 // `stride`): float32(acc + bias) * multiplier, clamped to [lowest - zero, highest - zero] (NaN: the lowest),
@@ -324,18 +346,12 @@ struct Requantize {
 Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& column_sums, const Tensor& offsets,
                         const Tensor& multiplier, const std::optional<Tensor>& bias, const Tensor& numbers) {
   // dtypes and contiguity as the caller (modules/quantized.py: QLinearConv) checked them; the layout's size re-checked
-  const int64_t rank = x.dim() - 2, M = offsets.numel();
-  CHECK_VALUE(rank >= 1 && rank <= 3 && numbers.scalar_type() == ScalarType::Long && numbers.numel() == 4 + 5 * rank,
-              "qlinear_conv: x [N, C, 1-3 spatial axes] and numbers [x_zero, y_zero, int8 output, group, kernel, "
-              "strides, pads, dilations] expected");
+  const int64_t M = offsets.numel();
   CHECK_VALUE((multiplier.numel() == 1 || multiplier.numel() == M) && (!bias || bias->numel() == M),
               "qlinear_conv: a multiplier (one or per output channel) and a bias per output channel expected");
+  int64_t group = 1;
+  const Geometry s = numbered_geometry(x, numbers, 3, M, group, "qlinear_conv");  // after x_zero, y_zero, int8
   const int64_t* n = numbers.const_data_ptr<int64_t>();
-  const int64_t group = n[3];
-  std::vector<int64_t> weight_shape{M, x.size(1) / std::max<int64_t>(group, 1)};
-  for (int64_t d = 0; d < rank; ++d) weight_shape.push_back(n[4 + d]);
-  const Geometry s = geometry(x, weight_shape, slice(n, 4 + rank, rank), slice(n, 4 + 2 * rank, 2 * rank),
-                              slice(n, 4 + 4 * rank, rank), group);
   const int64_t N = x.size(0), C = x.size(1), positions = s.out[0] * s.out[1] * s.out[2];
   const Weights weights = packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "qlinear_conv");
   const ScalarType dtype = n[2] ? ScalarType::Char : ScalarType::Byte;
@@ -364,7 +380,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
         "int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor");
   m.def("conv_weight_pack(Tensor w, int group) -> (Tensor, Tensor)");
   m.def("dynamic_quantized_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, "
-        "Tensor? bias, int[] weight_shape, int[] strides, int[] pads, int[] dilations, int group) -> Tensor");
+        "Tensor? bias, Tensor numbers) -> Tensor");
   m.def("qlinear_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias, "
         "Tensor numbers) -> Tensor");
 }
