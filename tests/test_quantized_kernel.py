@@ -6,6 +6,7 @@ run on the kernel too, and CI runs them once more with ONNX2TORCH_RNN_NATIVE=0 f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
@@ -272,3 +273,62 @@ def test_a_module_repacks_its_weights_when_they_change():
         second = check()
         assert not torch.equal(first, second)
         first = second
+
+
+def _quantized_layer(generator, rng: random.Random, size: int, direction: str, hidden: int, **attributes):
+    directions = 2 if direction == "bidirectional" else 1
+    dtype = rng.choice([torch.int8, torch.uint8])
+    columns = (directions, 4 * hidden) if rng.random() < 0.5 else (directions,)
+    zero = (torch.zeros(columns, dtype=dtype) if dtype == torch.int8 else
+            torch.full(columns, rng.randrange(100, 156), dtype=dtype))
+    weights = {"W": integers(generator, dtype, (directions, size, 4 * hidden)),
+               "R": integers(generator, dtype, (directions, hidden, 4 * hidden)),
+               "W_scale": torch.rand(columns, generator=generator) * 0.03 + 0.002, "W_zero_point": zero,
+               "R_scale": torch.rand(columns, generator=generator) * 0.03 + 0.002, "R_zero_point": zero.clone()}
+    bias = {"B": torch.randn(directions, 8 * hidden, generator=generator) * 0.5} if rng.random() < 0.7 else {}
+    peepholes = {"P": torch.randn(directions, 3 * hidden, generator=generator) * 0.5} if rng.random() < 0.3 else {}
+    return q.DynamicQuantizeLSTM(quantized=weights, hidden_size=hidden, direction=direction, **bias, **peepholes,
+                                 **attributes)
+
+
+@pytest.mark.parametrize("flags", [{}, {"batch_first": True, "batch_first_output": True}, {"merge_output": False},
+                                   {"merge_output": False, "batch_first_output": True},
+                                   {"last_states": True, "batch_first": True}])
+@pytest.mark.parametrize("steps, batch", [(5, 3), (0, 2), (4, 0), (7, 1)])
+@pytest.mark.parametrize("lengths", ["none", "given", "constant"])
+def test_the_quantized_stack_op_takes_every_stack_argument(flags, steps, batch, lengths):
+    """A StackedRecurrent of DynamicQuantizeLSTM layers (a hidden size off or on the 16-unit blocks, random weights,
+    initial states as rows of the inputs, lengths given at run time or every layer's constant ones) is one call of
+    dynamic_quantize_lstm_stack in eager inference, which gives bit for bit what the layers' modules give (a hook on
+    a layer forces that path); float64 x runs the layers' Python path."""
+    from onnx2torch_rnn.recurrent import StackedRecurrent
+
+    rng = random.Random(f"{flags}{steps}{batch}{lengths}")
+    generator = torch.Generator().manual_seed(rng.randrange(2**31))
+    lens = torch.randint(0, steps + 1, (batch,), generator=generator)
+    constant = {"sequence_lens": lens.tolist()} if lengths == "constant" else {}
+    hidden = rng.choice([5, 17])  # the layers' final states are joined: one size
+    layers = [_quantized_layer(generator, rng, 3, "bidirectional", hidden, outputs=[True, True, True], **constant),
+              _quantized_layer(generator, rng, 2 * hidden, "forward", hidden, outputs=[True, True, True], **constant),
+              _quantized_layer(generator, rng, hidden, "reverse", hidden, outputs=[True, True, True], **constant)]
+    stack = StackedRecurrent(layers, initial_h=[(0, 0, 2), None, (0, 2, 3)], initial_c=[(1, None, None), None, None],
+                             outputs=(True, True, True), lengths=lengths == "given", **flags).eval()
+    x = torch.randn((batch, steps, 3) if flags.get("batch_first") else (steps, batch, 3), generator=generator)
+    args = [x, torch.randn(3, batch, hidden, generator=generator), torch.randn(2, batch, hidden, generator=generator)]
+    args += [lens] if lengths == "given" else []
+    calls = []
+    spy = lambda *a, _run=q._run_stack: calls.append(1) or _run(*a)  # noqa: E731
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(q.DynamicQuantizeLSTM, "STACK", dataclasses.replace(q.DynamicQuantizeLSTM.STACK, run=spy))
+        stack.__dict__.pop("_native_stack", None)
+        native = stack(*args)
+        handle = layers[1].register_forward_hook(lambda *_: None)
+        layer_by_layer = stack(*args)
+        handle.remove()
+        assert calls == [1]
+        if batch:  # the Python path refuses an empty batch (aminmax)
+            in_float64 = stack(*(a.double() if a.is_floating_point() else a for a in args))
+            assert calls == [1] and [t.shape for t in in_float64] == [t.shape for t in native]
+    for a, b in zip(native, layer_by_layer, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

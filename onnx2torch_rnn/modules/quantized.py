@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..recurrent import kernel
 from ..recurrent.cells import Cell, decode
-from ..recurrent.module import Recurrent
+from ..recurrent.module import Recurrent, StackOps
 from ..recurrent.op import PACKS, _checked, _owned, output_shapes
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
@@ -1518,6 +1518,14 @@ class DynamicQuantizeLSTM(Recurrent):
         outputs = tuple(outputs[: self.num_outputs])
         return outputs[0] if self.num_outputs == 1 else outputs
 
+    def stack_sources(self) -> list[tuple[dict, str]] | None:
+        """W, R, B, P, then the scales and zero points (``_pack``'s order), all constant but B and P (else None)."""
+        buffers, parameters = buffer_dict(self), parameter_dict(self)
+        if any(buffers[name] is None for name in self.BUFFERS):
+            return None
+        sources = [(buffers, name) for name in self.BUFFERS]
+        return [*sources[:2], (parameters, "B"), (parameters, "P"), *sources[2:]]
+
     def _native_weights(self, X: Tensor, q: list, B: Tensor | None, P: Tensor | None, initial_h: Tensor | None,
                         initial_c: Tensor | None) -> Tensor | None:
         """The weights packed for the native kernel where this eager call runs there (CPU inference, not float64),
@@ -1541,6 +1549,31 @@ class DynamicQuantizeLSTM(Recurrent):
         if kept.get(few_rows, (None,))[0] != key:
             kept[few_rows] = (key, _Int8Weights(w, zero_point, few_rows))
         return kept[few_rows][1]
+
+
+def _pack_stack(weights: list, counts: list[int], configs: tuple[str, ...], key: tuple) -> tuple[Tensor, Tensor] | None:
+    """dynamic_quantize_lstm_stack's packed weights (every layer's ``_pack``, one after the other: each a multiple of
+    64 bytes) and numbers (the stack's four flags, then where each layer's weights start); None without the
+    kernel."""
+    if not kernel.loaded("int8"):
+        return None
+    packs, starts, start = [], [], 0
+    for config, count in zip(configs, counts, strict=True):
+        starts.append(sum(p.numel() for p in packs))
+        packs.append(_pack(weights[start:start + count], config))
+        start += count
+    return torch.cat(packs), torch.tensor([*map(int, key[1:]), *starts], dtype=torch.int64)
+
+
+def _run_stack(x: Tensor, packed: Tensor, numbers: Tensor, lengths: Tensor | None, states: list):
+    try:
+        return _NATIVE.dynamic_quantize_lstm_stack.default(x, packed, numbers, lengths, states)
+    except RuntimeError as error:
+        raise _checked(error) from None
+
+
+# StackedRecurrent's eager inference of DynamicQuantizeLSTM layers: one call (the int8 library's stack op)
+DynamicQuantizeLSTM.STACK = StackOps(DynamicQuantizeLSTM.forward, _pack_stack, _run_stack, (torch.float32,))
 
 
 @torch.library.custom_op("onnx2torch_rnn::dynamic_quantize_lstm", mutates_args=())

@@ -14,7 +14,7 @@ the fast path, when torch's kernel computes exactly the ONNX numbers (cells.py: 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar
 
 import torch
@@ -47,6 +47,36 @@ def native_inference(X: Tensor, tensors: Iterable[Tensor | None], kept: op.Kept 
     exporter records the Python path op by op)."""
     return (not (torch.is_grad_enabled() and needs_grad((X, *tensors))) and X.is_cpu
             and ((kept is not None and kept.made) or kernel.loaded()) and not torch.jit.is_tracing())
+
+
+@dataclasses.dataclass(frozen=True)
+class StackOps:
+    """How one native stack op runs a StackedRecurrent's layers of one kind (``StackedRecurrent._native``):
+    ``forward`` the layer forward it computes (a layer whose class overrides it runs on its own), ``pack(weights,
+    counts, configs, key)`` its packed weights and numbers (``weights`` the layers' ``stack_sources`` in turn, None
+    where absent; ``counts`` how many each layer has; ``key`` float64 and the stack's four flags; None where the
+    kernel is not loaded), ``run(x, packed, numbers, lengths, states)`` the op: (y, h_n, c_n); ``dtypes`` the x
+    dtypes it takes (None: any)."""
+
+    forward: Callable
+    pack: Callable
+    run: Callable
+    dtypes: tuple[torch.dtype, ...] | None = None
+
+
+def _pack_float_stack(weights: list[Tensor | None], counts: list[int], configs: tuple[str, ...],
+                      key: tuple) -> tuple[Tensor, Tensor]:
+    present, kept, start = [], [], 0
+    for count in counts:
+        own = [w for w in weights[start:start + count] if w is not None]
+        present += own
+        kept.append(len(own))
+        start += count
+    return op.pack_stack(present, tuple(kept), configs, key[0], key[1:])
+
+
+def _run_float_stack(*args):
+    return op.run_stack(*args)  # looked up at each call (tests observe op.run_stack)
 
 
 class Recurrent(Module):
@@ -146,6 +176,15 @@ class Recurrent(Module):
                                 initial_c=initial_c, mask=mask, **named)
         outputs = outputs[: self.num_outputs]
         return outputs[0] if self.num_outputs == 1 else outputs
+
+    STACK: ClassVar[StackOps] = StackOps(forward, _pack_float_stack, _run_float_stack)  # recurrent_stack (op.py)
+
+    def stack_sources(self) -> list[tuple[dict, str]] | None:
+        """Where the stack op reads this layer's weights: (dict, name) pairs, the dicts live (a replaced parameter
+        is seen); None where it cannot run this layer."""
+        if self.fast:
+            return [(self._fast_weights.parameters, name) for name in self._fast_weights.names]
+        return [(parameter_dict(self), name) for name in "WRBP"]
 
     def weights(self, W: Tensor | None = None, R: Tensor | None = None, B: Tensor | None = None,
                 P: Tensor | None = None) -> list[Tensor | None]:
@@ -350,6 +389,8 @@ class StackedRecurrent(Module):
         weights = [own[name] for own, name in plan.sources]
         if torch.is_grad_enabled() and needs_grad((x, *weights, *initial_h, *initial_c)):  # no tuple without grad
             return None
+        if plan.ops.dtypes is not None and x.dtype not in plan.ops.dtypes:
+            return None
         if lengths is None and plan.lengths_from is not None:
             if plan.lengths_differ:
                 return None
@@ -362,10 +403,12 @@ class StackedRecurrent(Module):
                 return None
             x, batch_first = x[window[0]:window[1]], False
         key = (x.dtype == torch.float64, batch_first, self.batch_first_output, self.merge_output, self.last_states)
-        packed, numbers = plan.kept.get(weights, key, lambda: plan.pack(weights, key))
+        made = plan.kept.get(weights, key, lambda: plan.ops.pack(weights, plan.counts, plan.configs, key))
+        if made is None:
+            return None
         given = [] if all(s is None for s in (*initial_h, *initial_c)) else [
             s for pair in zip(initial_h, initial_c, strict=True) for s in pair]
-        return op.run_stack(x, packed, numbers, lengths, given)
+        return plan.ops.run(x, *made, lengths, given)
 
     @staticmethod
     def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
@@ -398,43 +441,33 @@ class StackedRecurrent(Module):
 
 class _NativeStack:
     """What StackedRecurrent._native decides once for its layers, not at every call (a batch-1 call notices each
-    check): whether the native stack op computes what they do (every layer a Recurrent whose forward is Recurrent's,
-    as a converter may give a layer another module, without state_dtype), where each layer's weights are read (its
-    parameter dict, live: a replaced parameter is seen), the layers' configs, which layer's constant lengths apply;
-    and the packed weights (op.Kept). A copy of the module (deepcopy, pickle) starts without one."""
+    check): whether a native stack op computes what they do (every layer a Recurrent of one ``STACK`` whose forward
+    is that op's, as a converter may give a layer another module, without state_dtype), where each layer's weights
+    are read (``stack_sources``), the layers' configs, which layer's constant lengths apply; and the packed weights
+    (op.Kept). A copy of the module (deepcopy, pickle) starts without one."""
 
-    __slots__ = ("configs", "counts", "kept", "layers", "lengths_differ", "lengths_from", "sources", "usable")
+    __slots__ = ("configs", "counts", "kept", "layers", "lengths_differ", "lengths_from", "ops", "sources", "usable")
 
     def __init__(self, layers: tuple = ()):
         self.layers, self.usable, self.kept = layers, bool(layers), op.Kept()
-        self.sources, self.counts, self.configs, self.lengths_from = [], [], [], None
+        self.sources, self.counts, self.configs, self.lengths_from = [], [], (), None
+        self.ops = getattr(layers[0], "STACK", None) if layers else None
         constant_lengths = set()
         for layer in layers:
-            if type(layer).forward is not Recurrent.forward or layer.config.state_dtype:
+            sources = (None if getattr(layer, "STACK", None) is not self.ops or type(layer).forward
+                       is not self.ops.forward or layer.config.state_dtype else layer.stack_sources())
+            if sources is None:
                 self.usable = False
                 return
-            own, names = ((layer._fast_weights.parameters, layer._fast_weights.names) if layer.fast
-                          else (parameter_dict(layer), "WRBP"))
-            self.sources += [(own, name) for name in names]
-            self.counts.append(len(names))
-            self.configs.append(layer.op_config)
+            self.sources += sources
+            self.counts.append(len(sources))
+            self.configs += (layer.op_config,)
             constant_lengths.add(layer.sequence_lens)
             self.lengths_from = layer if layer.sequence_lens is not None else self.lengths_from
         self.lengths_differ = len(constant_lengths) > 1
 
     def __reduce__(self):
         return _NativeStack, ()
-
-    def pack(self, weights: list[Tensor | None], key: tuple) -> tuple[Tensor, Tensor]:
-        """The stack op's packed weights and numbers (op.pack_stack) for ``weights`` (``sources``' tensors, None
-        where a layer has no such weight) and ``key``: float64, then the op's four flags."""
-        present, counts, start = [], [], 0
-        for count in self.counts:
-            own = [w for w in weights[start:start + count] if w is not None]
-            present += own
-            counts.append(len(own))
-            start += count
-        return op.pack_stack(present, tuple(counts), tuple(self.configs), key[0], key[1:])
 
 
 class LoopedRecurrent(Module):

@@ -29,6 +29,7 @@
 #define TORCH_STABLE_ONLY  // PyTorch's stable ABI (int8.h)
 #include <torch/csrc/stable/library.h>
 
+#include <array>
 #include <cfloat>
 #include <optional>
 #include <string_view>
@@ -93,6 +94,7 @@ struct Direction {
   float* xproj;                    // [T·N][G][hpad]
   float *h, *cell;                 // [N][hpad]
   float* y;                        // Y + this direction's offset, or nullptr
+  int64_t y_step, y_row;           // where Y's element (t, n, 0) lies: y + t·y_step + n·y_row
   float limit;                     // clip, else FLT_MAX
 
   int64_t length(int64_t n) const { return lens ? lens[n] : steps; }
@@ -146,7 +148,7 @@ struct Direction {
     const F h_new = activate(ha, c_new) * o;
     store(cp, c_new);
     store(h + n * hpad + j, h_new);
-    if (y) store(y + (t * c->directions * batch + n) * hidden + j, h_new,
+    if (y) store(y + t * y_step + n * y_row + j, h_new,
                  static_cast<int>(std::min<int64_t>(L, hidden - j)));
   }
 
@@ -320,7 +322,7 @@ Tensor dynamic_quantize_lstm_pack_cpu(const Tensor& W, const Tensor& R, const st
   return packed;
 }
 
-// ---- the op ---------------------------------------------------------------------------------------------------------
+// ---- the ops -------------------------------------------------------------------------------------------------------
 
 // sequence_lens checked, as int64; empty when every row runs every step.
 std::vector<int64_t> lengths(const std::optional<Tensor>& sequence_lens, int64_t steps, int64_t batch) {
@@ -340,49 +342,72 @@ std::vector<int64_t> lengths(const std::optional<Tensor>& sequence_lens, int64_t
                                                                                          : out;
 }
 
-std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_packed_cpu(const Tensor& X, const Tensor& packed,
-                                                                    const std::optional<Tensor>& sequence_lens,
-                                                                    const std::optional<Tensor>& initial_h,
-                                                                    const std::optional<Tensor>& initial_c) {
-  const int64_t* header = static_cast<const int64_t*>(packed.const_data_ptr());
-  CHECK_VALUE(packed.scalar_type() == ScalarType::Byte && packed.is_contiguous() &&
-                  packed.numel() >= static_cast<int64_t>(Packed::header()) &&
-                  header[Packed::kMagic] == Packed::kMagicValue,
-              "DynamicQuantizeLSTM: weights not packed by dynamic_quantize_lstm_pack");
-  const Config& c = NumberedConfigs::get().at(header[Packed::kConfig]);
-  const Packed layout(header[Packed::kDirections], header[Packed::kInput], header[Packed::kHidden],
-                      header[Packed::kBias], header[Packed::kPeepholes]);
-  CHECK_VALUE(packed.numel() == static_cast<int64_t>(layout.size()), "DynamicQuantizeLSTM: packed weights cut short");
-  CHECK_VALUE(X.scalar_type() != ScalarType::Double,
-              "DynamicQuantizeLSTM computes in float32 (as onnxruntime): X must not be float64");
-  CHECK_VALUE(X.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
-  const int64_t steps = X.size(0), batch = X.size(1), input = X.size(2), D = c.directions;
+// One node's packed weights (dynamic_quantize_lstm_pack's tensor, or a part of a stack's), checked.
+struct Node {
+  const int64_t* header;
+  const Config& c;
+  Packed layout;
+
+  Node(const uint8_t* base, int64_t bytes)
+      : header(reinterpret_cast<const int64_t*>(base)),
+        c((check(base, bytes), NumberedConfigs::get().at(header[Packed::kConfig]))),
+        layout(header[Packed::kDirections], header[Packed::kInput], header[Packed::kHidden], header[Packed::kBias],
+               header[Packed::kPeepholes]) {
+    CHECK_VALUE(bytes >= static_cast<int64_t>(layout.size()), "DynamicQuantizeLSTM: packed weights cut short");
+  }
+  static void check(const uint8_t* base, int64_t bytes) {
+    CHECK_VALUE(bytes >= static_cast<int64_t>(Packed::header()) &&
+                    reinterpret_cast<const int64_t*>(base)[Packed::kMagic] == Packed::kMagicValue,
+                "DynamicQuantizeLSTM: weights not packed by dynamic_quantize_lstm_pack");
+  }
+  // X's size checked: [steps, batch, input] as the node reads it.
+  void check_input(int64_t input) const {
+    CHECK_VALUE(input == layout.input, "DynamicQuantizeLSTM: W must have shape ",
+                shape_text({c.directions, input, 4 * layout.hidden}), ", got ",
+                shape_text({c.directions, layout.input, 4 * layout.hidden}));
+  }
+  void check_states(const std::optional<Tensor>& initial_h, const std::optional<Tensor>& initial_c,
+                    int64_t batch) const {
+    if (initial_h) check_shape("initial_h", *initial_h, {c.directions, batch, layout.hidden});
+    if (initial_c) check_shape("initial_c", *initial_c, {c.directions, batch, layout.hidden});
+  }
+};
+
+// Where a node writes Y (its element (t, d, n, 0) at t·t + d·d + n·n) and the tensor that holds it.
+struct Output {
+  Tensor y;
+  int64_t t, d, n;
+};
+
+// A node's Y as the op returns it: [T, D, N, H].
+Output node_output(int64_t T, int64_t D, int64_t N, int64_t H) {
+  return {allocate({T, D, N, H}, ScalarType::Float), D * N * H, N * H, H};
+}
+
+// The node on float32 rows x [steps·N][input] (row t·N + n), its inputs checked: Y written where `y` says (when the
+// config asks for it; zeros past each row's length), the final states (h, c) returned as [D, N, H] float32 (an
+// undefined tensor where the config does not ask for one).
+std::array<Tensor, 2> run(const Node& node, const uint8_t* base, const float* x, int64_t steps, int64_t batch,
+                          const int64_t* lp, const std::optional<Tensor>& initial_h,
+                          const std::optional<Tensor>& initial_c, const Output& y) {
+  const Config& c = node.c;
+  const Packed& layout = node.layout;
+  const int64_t input = layout.input, D = c.directions;
   const int64_t hidden = layout.hidden, hpad = layout.hpad, blocks = layout.blocks;
-  CHECK_VALUE(input == layout.input, "DynamicQuantizeLSTM: W must have shape ",
-              shape_text({D, input, 4 * hidden}), ", got ", shape_text({D, layout.input, 4 * hidden}));
-  if (initial_h) check_shape("initial_h", *initial_h, {D, batch, hidden});
-  if (initial_c) check_shape("initial_c", *initial_c, {D, batch, hidden});
-  const std::vector<int64_t> lens = lengths(sequence_lens, steps, batch);
-  const int64_t* lp = lens.empty() ? nullptr : lens.data();
   const int64_t longest = lp ? (batch ? *std::max_element(lp, lp + batch) : 0) : steps;
 
-  const Tensor x = floats(X);
   // X quantized once: its range over the steps up to the longest row
   Quantized xq(steps * batch, input);
   {
-    const float* v = x.const_data_ptr<float>();
     float low = 0, high = 0;
-    widen(v, longest * batch * input, low, high);
+    widen(x, longest * batch * input, low, high);
     static_cast<Parameters&>(xq) = parameters(low, high);
     for (int64_t r = 0; r < steps * batch; ++r)
-      xq.sums[r] = quantize(v + r * input, input, xq, xq.q.data() + r * xq.lda);
+      xq.sums[r] = quantize(x + r * input, input, xq, xq.q.data() + r * xq.lda);
   }
+  float* y_data = c.outputs[0] ? y.y.mutable_data_ptr<float>() : nullptr;
+  if (y_data && lp) std::fill_n(y_data, y.y.numel(), 0.0f);  // only the steps that run are written
 
-  Tensor y;  // zeros past each row's length: only the steps that run are written
-  if (c.outputs[0]) {
-    y = allocate({steps, D, batch, hidden}, ScalarType::Float);
-    if (lp) std::fill_n(y.mutable_data_ptr<float>(), y.numel(), 0.0f);
-  }
   std::vector<float> xproj(steps * batch * G * hpad), h(D * batch * hpad, 0.0f), cell(D * batch * hpad, 0.0f);
   for (int k = 0; k < 2; ++k) {
     const std::optional<Tensor>& given = k ? initial_c : initial_h;
@@ -392,27 +417,26 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_packed_cpu(const Tensor
       std::memcpy((k ? cell : h).data() + r * hpad, s.const_data_ptr<float>() + r * hidden, sizeof(float) * hidden);
   }
   for (int64_t d = 0; d < D; ++d) {
-    const uint8_t* part = static_cast<const uint8_t*>(packed.const_data_ptr()) + Packed::header() +
-                          d * layout.per_direction;
+    const uint8_t* part = base + Packed::header() + d * layout.per_direction;
     const float* vectors = reinterpret_cast<const float*>(part + layout.scales);
     const PanelView w{reinterpret_cast<const int8_t*>(part + layout.w_data),
                       reinterpret_cast<const int32_t*>(part + layout.w_sums), (input + 3) / 4};
     const PanelView r{reinterpret_cast<const int8_t*>(part + layout.r_data),
                       reinterpret_cast<const int32_t*>(part + layout.r_sums), (hidden + 3) / 4};
     Direction run{&c, static_cast<int>(d), steps, batch, hidden, hpad, blocks, w, r,
-                  static_cast<int32_t>(header[Packed::kOffsets + d]),
-                  static_cast<int32_t>(header[Packed::kOffsets + 2 + d]), vectors, vectors + G * hpad,
+                  static_cast<int32_t>(node.header[Packed::kOffsets + d]),
+                  static_cast<int32_t>(node.header[Packed::kOffsets + 2 + d]), vectors, vectors + G * hpad,
                   layout.bias ? vectors + 2 * G * hpad : nullptr,
                   layout.peepholes ? vectors + (layout.bias ? 3 : 2) * G * hpad : nullptr, lp, xproj.data(),
                   h.data() + d * batch * hpad, cell.data() + d * batch * hpad,
-                  c.outputs[0] ? y.mutable_data_ptr<float>() + d * batch * hidden : nullptr,
+                  y_data ? y_data + d * y.d : nullptr, y.t, y.n,
                   c.has_clip ? static_cast<float>(c.clip) : FLT_MAX};
     run.project(xq, steps * batch, input);
     run.recur(longest);
   }
 
   // The final states: zero for a row of length 0 and for a sequence of length 0, initial states or not.
-  Tensor states[2];
+  std::array<Tensor, 2> states;
   for (int k = 0; k < 2; ++k) {
     if (!c.outputs[k + 1]) continue;
     states[k] = allocate({D, batch, hidden}, ScalarType::Float);
@@ -425,11 +449,135 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_packed_cpu(const Tensor
         std::memcpy(out + r * hidden, (k ? cell : h).data() + r * hpad, sizeof(float) * hidden);
     }
   }
+  return states;
+}
+
+const uint8_t* packed_bytes(const Tensor& packed) {
+  CHECK_VALUE(packed.scalar_type() == ScalarType::Byte && packed.is_contiguous(),
+              "DynamicQuantizeLSTM: weights not packed by dynamic_quantize_lstm_pack");
+  return static_cast<const uint8_t*>(packed.const_data_ptr());
+}
+
+std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_packed_cpu(const Tensor& X, const Tensor& packed,
+                                                                    const std::optional<Tensor>& sequence_lens,
+                                                                    const std::optional<Tensor>& initial_h,
+                                                                    const std::optional<Tensor>& initial_c) {
+  const uint8_t* base = packed_bytes(packed);
+  const Node node(base, packed.numel());
+  CHECK_VALUE(X.scalar_type() != ScalarType::Double,
+              "DynamicQuantizeLSTM computes in float32 (as onnxruntime): X must not be float64");
+  CHECK_VALUE(X.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
+  const int64_t steps = X.size(0), batch = X.size(1);
+  node.check_input(X.size(2));
+  node.check_states(initial_h, initial_c, batch);
+  const std::vector<int64_t> lens = lengths(sequence_lens, steps, batch);
+  const Output y = node.c.outputs[0] ? node_output(steps, node.c.directions, batch, node.layout.hidden) : Output{};
+  const Tensor x = floats(X);
+  const auto [h, c] = run(node, base, x.const_data_ptr<float>(), steps, batch, lens.empty() ? nullptr : lens.data(),
+                          initial_h, initial_c, y);
   const ScalarType dtype = X.scalar_type();
   auto output = [&](const Tensor& t) {
     return !t.defined() ? allocate({0}, dtype) : dtype == ScalarType::Float ? t : torch::stable::to(t, dtype);
   };
-  return {output(y), output(states[0]), output(states[1])};
+  return {output(y.y), output(h), output(c)};
+}
+
+// The layers' final states as one [L·D, N, H] tensor (an empty one where they are not computed).
+Tensor joined(const std::vector<Tensor>& per_layer) {
+  if (!per_layer[0].defined()) return allocate({0}, ScalarType::Float);
+  if (per_layer.size() == 1) return per_layer[0];
+  int64_t rows = 0;
+  for (const Tensor& t : per_layer) {
+    CHECK_VALUE(t.defined(), "dynamic_quantize_lstm_stack: the layers compute their final states alike");
+    rows += t.size(0);
+  }
+  Tensor all = allocate({rows, per_layer[0].size(1), per_layer[0].size(2)}, ScalarType::Float);
+  float* out = all.mutable_data_ptr<float>();
+  for (const Tensor& t : per_layer) {  // each contiguous (run's own)
+    std::memcpy(out, t.const_data_ptr<float>(), t.numel() * sizeof(float));
+    out += t.numel();
+  }
+  return all;
+}
+
+// StackedRecurrent.forward (recurrent/module.py, which documents the arguments) of DynamicQuantizeLSTM layers in one
+// call, as recurrent_stack (recurrent.cpp) runs float layers: at batch 1 the Python around each layer costs more than
+// its work. `packed` holds every layer's packed weights (dynamic_quantize_lstm_pack's, each a multiple of 64 bytes)
+// one after the other; `numbers` (int64, made once per stack in Python) the flags batch_first, batch_first_output,
+// merge_output, last_states, then per layer where its weights start in `packed`; `states` is empty (no initial
+// states) or holds each layer's initial_h and initial_c (or None) in turn. X float32 (each layer's Y is the next
+// one's X in float32, as the layers' own calls give it). Returns y, h_n, c_n (empty where the layers do not compute
+// them); each layer writes its Y where the next one (or the caller) reads it: no transposition.
+std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor& X, const Tensor& packed,
+                                                                   const Tensor& numbers,
+                                                                   const std::optional<Tensor>& sequence_lens,
+                                                                   const std::vector<std::optional<Tensor>>& states) {
+  constexpr int64_t kFlags = 4;
+  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.dim() == 1 && numbers.is_contiguous() &&
+                  numbers.numel() > kFlags,
+              "dynamic_quantize_lstm_stack: numbers must be int64 [4 + layers]");
+  const int64_t* at = numbers.const_data_ptr<int64_t>();
+  const bool batch_first = at[0], batch_first_output = at[1], merge_output = at[2], last_states = at[3];
+  const size_t count = numbers.numel() - kFlags;
+  CHECK_VALUE(states.empty() || states.size() == 2 * count,
+              "dynamic_quantize_lstm_stack: no initial states or two per layer");
+  CHECK_VALUE(X.scalar_type() == ScalarType::Float, "dynamic_quantize_lstm_stack: X must be float32");
+  CHECK_VALUE(X.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
+  const uint8_t* bytes = packed_bytes(packed);
+  const int64_t steps = X.size(batch_first ? 1 : 0), batch = X.size(batch_first ? 0 : 1);
+  // the first layer's rows t·N + n: X itself, or a copy (batch first, strided)
+  Tensor x = dense(X);
+  std::vector<float> rows;
+  if (batch_first) {
+    const int64_t I = X.size(2);
+    const float* from = x.const_data_ptr<float>();
+    rows.resize(steps * batch * I);
+    for (int64_t t = 0; t < steps; ++t)
+      for (int64_t n = 0; n < batch; ++n)
+        std::memcpy(rows.data() + (t * batch + n) * I, from + (n * steps + t) * I, sizeof(float) * I);
+  }
+  const float* input = batch_first ? rows.data() : x.const_data_ptr<float>();
+  int64_t width = X.size(2);
+  std::vector<int64_t> lens;
+  const std::optional<Tensor> none;
+  std::vector<Tensor> h_n, c_n;
+  for (size_t l = 0; l < count; ++l) {
+    const int64_t offset = at[kFlags + l];
+    CHECK_VALUE(offset >= 0 && offset < packed.numel(), "dynamic_quantize_lstm_stack: a layer past the packed weights");
+    const Node node(bytes + offset, packed.numel() - offset);
+    const Config& c = node.c;
+    const int64_t D = c.directions, H = node.layout.hidden;
+    const std::optional<Tensor>& h0 = states.empty() ? none : states[2 * l];
+    const std::optional<Tensor>& c0 = states.empty() ? none : states[2 * l + 1];
+    node.check_input(width);
+    node.check_states(h0, c0, batch);
+    if (l == 0) lens = lengths(sequence_lens, steps, batch);  // after X's checks, as per layer
+    const bool last = l + 1 == count, out_batch_first = last && batch_first_output;
+    CHECK_VALUE(c.outputs[0] || last, "dynamic_quantize_lstm_stack: a layer below the last must compute Y");
+    Output y;
+    if (!c.outputs[0]) {
+    } else if (last && !merge_output && out_batch_first) {  // Y [T, D, N, H] seen as [D, T, N, H] (transposed)
+      const std::vector<int64_t> shape{D, steps, batch, H}, strides{batch * H, D * batch * H, H, 1};
+      y = {empty_cpu(shape, ScalarType::Float, strides.data()), D * batch * H, batch * H, H};
+    } else if (last && !merge_output) {
+      y = node_output(steps, D, batch, H);
+    } else if (out_batch_first) {  // [N, T, D·H]
+      y = {allocate({batch, steps, D * H}, ScalarType::Float), D * H, H, steps * D * H};
+    } else {  // [T, N, D·H]
+      y = {allocate({steps, batch, D * H}, ScalarType::Float), batch * D * H, H, D * H};
+    }
+    auto [h, cell] = run(node, bytes + offset, input, steps, batch, lens.empty() ? nullptr : lens.data(), h0, c0, y);
+    h_n.push_back(h);
+    c_n.push_back(cell);
+    x = y.y;
+    input = x.defined() ? x.const_data_ptr<float>() : nullptr;
+    width = D * H;
+  }
+  if (last_states) {
+    h_n = {h_n.back()};
+    c_n = {c_n.back()};
+  }
+  return {x.defined() ? x : allocate({0}, ScalarType::Float), joined(h_n), joined(c_n)};
 }
 
 }  // namespace
@@ -439,11 +587,14 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
         "Tensor R_scale, Tensor R_zero_point, str config) -> Tensor");
   m.def("dynamic_quantize_lstm_packed(Tensor X, Tensor packed, Tensor? sequence_lens, Tensor? initial_h, "
         "Tensor? initial_c) -> (Tensor, Tensor, Tensor)");
+  m.def("dynamic_quantize_lstm_stack(Tensor X, Tensor packed, Tensor numbers, Tensor? sequence_lens, "
+        "Tensor?[] states) -> (Tensor, Tensor, Tensor)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("dynamic_quantize_lstm_pack", TORCH_BOX(&dynamic_quantize_lstm_pack_cpu));
   m.impl("dynamic_quantize_lstm_packed", TORCH_BOX(&dynamic_quantize_lstm_packed_cpu));
+  m.impl("dynamic_quantize_lstm_stack", TORCH_BOX(&dynamic_quantize_lstm_stack_cpu));
 }
 
 }  // namespace onnx2torch_rnn
