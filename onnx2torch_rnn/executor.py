@@ -6,7 +6,8 @@ the call through fx and __call__ took 15-30% of a whole call). ``install`` wraps
 an inference call (no grad; not compiling, exporting or tracing) where no child of the graph has hooks and no global
 hooks are set runs the same generated code with ``self`` standing for a namespace whose attribute for each child is
 that child's bound forward and whose attribute for each parameter or buffer the graph reads is that tensor (every
-other name is read from the GraphModule). Any other call runs fx's forward as it is. The namespace is made on first
+other name is read from the GraphModule); where the graph computes values from its inputs' sizes and its constants
+only (initial states of zeros), that code with those values kept per sizes (signature_kept.py). Any other call runs fx's forward as it is. The namespace is made on first
 use and again when a child, a parameter or a buffer of the graph is replaced. A converted graph is a ``Graph``: fx's
 GraphModule whose forward stays wrapped when fx writes it again (a graph edit's recompile, a deepcopy, unpickling;
 pickling itself recompiles the original). The wrapper also keeps a small model's torch ops on one thread at
@@ -23,6 +24,7 @@ import torch
 from torch import fx, nn
 
 from . import allocator, threads
+from .signature_kept import kept_forward
 from .torch_compat import module_internals, unpickle_graph_module
 
 
@@ -46,7 +48,7 @@ class _State:
     children's forward hook dicts, and the namespace (None: the graph reads a child's attributes, so a bound forward
     cannot stand for it). Never copied nor pickled: a copy makes its own."""
 
-    __slots__ = ("hooks", "namespace", "values")
+    __slots__ = ("forward", "hooks", "namespace", "values")
 
     def __init__(self, module: fx.GraphModule, values: tuple):
         self.values = values
@@ -54,6 +56,8 @@ class _State:
         self.hooks = tuple(hooks for child in module._modules.values()
                            for hooks in (child._forward_pre_hooks, child._forward_hooks))
         self.namespace = _Namespace(module) if _calls_children_only(module) else None
+        # the graph's code with what depends only on the inputs' sizes kept per sizes (signature_kept.py)
+        self.forward = None if self.namespace is None else kept_forward(module, self.namespace)
 
     def made_for(self, values: tuple) -> bool:
         return len(values) == len(self.values) and all(map(operator.is_, values, self.values))
@@ -97,8 +101,8 @@ def _inference() -> bool:
                 or torch.jit.is_tracing() or fx._symbolic_trace.is_fx_symbolic_tracing())
 
 
-def _namespace(module: fx.GraphModule) -> _Namespace | None:
-    """The namespace of a fast call of ``module`` (an inference call), or None where the call must be fx's as
+def _fast_state(module: fx.GraphModule) -> _State | None:
+    """The state of a fast call of ``module`` (an inference call), or None where the call must be fx's as
     written."""
     if _global_hooks():
         return None
@@ -107,7 +111,7 @@ def _namespace(module: fx.GraphModule) -> _Namespace | None:
     if state is None or not state.made_for(values):
         state = module.__dict__["_fast_state"] = _State(module, values)
         allocator.keep_freed_memory()
-    return None if any(state.hooks) else state.namespace
+    return None if any(state.hooks) or state.namespace is None else state
 
 
 def _wrap(cls: type) -> None:
@@ -118,13 +122,13 @@ def _wrap(cls: type) -> None:
     def forward(self, *args, **kwargs):
         if not _inference():
             return generated(self, *args, **kwargs)
-        namespace = _namespace(self)
-        own = self if namespace is None else namespace
+        state = _fast_state(self)
+        own, run = (self, generated) if state is None else (state.namespace, state.forward or generated)
         if not self.meta.get(threads.ONE_THREAD):
-            return generated(own, *args, **kwargs)
+            return run(own, *args, **kwargs)
         threads.enter(args, kwargs)
         try:
-            return generated(own, *args, **kwargs)
+            return run(own, *args, **kwargs)
         finally:
             threads.leave()
 
@@ -136,6 +140,7 @@ class Graph(fx.GraphModule):
     """A converted graph (see the module docstring)."""
 
     def recompile(self):
+        self.__dict__.pop("_fast_state", None)  # made from the graph's code
         code = super().recompile()
         _wrap(type(self))
         return code
