@@ -7,8 +7,9 @@ an inference call (no grad; not compiling, exporting or tracing) where no child 
 hooks are set runs the same generated code with ``self`` standing for a namespace whose attribute for each child is
 that child's bound forward and whose attribute for each parameter or buffer the graph reads is that tensor (every
 other name is read from the GraphModule); where the graph computes values from its inputs' sizes and its constants
-only (initial states of zeros), that code with those values kept per sizes (signature_kept.py). Any other call runs fx's forward as it is. The namespace is made on first
-use and again when a child, a parameter or a buffer of the graph is replaced. A converted graph is a ``Graph``: fx's
+only (initial states of zeros), that code with those values kept per sizes (signature_kept.py). Any other call runs
+fx's forward as it is. The namespace is made on first use and again when a child, a parameter or a buffer of the
+graph is replaced, or the graph's code is written again. A converted graph is a ``Graph``: fx's
 GraphModule whose forward stays wrapped when fx writes it again (a graph edit's recompile, a deepcopy, unpickling;
 pickling itself recompiles the original). The wrapper also keeps a small model's torch ops on one thread at
 inference (threads.py), where the model is marked for it, and on its first fast call keeps malloc's freed memory for
