@@ -45,6 +45,7 @@ from .passes import scans as _scans  # noqa: F401
 from .passes import stacked as _stacked  # noqa: F401
 from .passes import unrolled as _unrolled  # noqa: F401
 from .passes import quantized as _quantized  # noqa: F401
+from .passes import qlinear as _qlinear  # noqa: F401 - before qdq: it takes two of its groups
 from .passes import qdq as _qdq  # noqa: F401
 from .passes import linear as _linear  # noqa: F401 - last: a recurrence's own MatMul + Add is the recurrence's
 # isort: on

@@ -360,3 +360,18 @@ def test_a_quantize_read_by_one_dequantize_is_one_module(activation):
     module = assert_exact(b.model(y, opset=21), [b.feeds(seed) for seed in range(3)])
     assert _linear_modules(module) == {}
     assert sum(isinstance(m, q.QuantizeDequantizeLinear) for m in module.children()) == 2
+
+
+@pytest.mark.parametrize("constant_first", [False, True])
+@pytest.mark.parametrize("shape", [(7,), (1,)])
+def test_a_product_and_its_constant_addend_are_one_module(constant_first, shape):
+    """MatMul -> Add of a dequantized constant (a classifier's bias), both groups: one QLinearMatMulAdd
+    (passes/qlinear.py), onnxruntime's QLinearMatMul and QLinearAdd bit for bit."""
+    b = Builder(np.uint8, np.random.default_rng(7 + constant_first))
+    w, _ = b.weight((6, 7), 1)
+    y = b.qdq(b.op("MatMul", [b.input((2, 5, 6)), w]), 0.2)
+    c, _ = b.weight(shape, None, dtype=np.uint8)
+    model = b.model(b.qdq(b.op("Add", [c, y] if constant_first else [y, c]), 0.2))
+    module = assert_exact(model, [b.feeds(seed) for seed in range(3)])
+    assert fused_ops(module) == onnxruntime_ops(model)
+    assert [type(m) for m in module.children()].count(q.QLinearMatMulAdd) == 1

@@ -256,3 +256,39 @@ def test_qlinear_concat_and_lookup_tables(monkeypatch, dtype, shapes, axis):
     lookup = q.QLinearLookup("Sigmoid", None, (scales(g), zero_point(g, dtype), torch.tensor(1 / 256), None))
     x = ints(g, dtype, (3, 7, 5))
     outputs(monkeypatch, "qlinear_lookup", [lambda: lookup(x)])
+
+
+@pytest.mark.parametrize(("a_shape", "n", "operand_shape"), [((3, 8), 5, (5,)), ((2, 5, 17), 40, (1, 40)),
+                                                              ((9, 70), 65, ()), ((4, 6), 7, (1,)),
+                                                              ((2, 3, 4), 1, (1,))])
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("position", [0, 3])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul_add(monkeypatch, a_shape, n, operand_shape, dtype, position, per_column):
+    """QLinearMatMul then QLinearAdd of a constant per column (qlinear_matmul_add: both roundings in one call, the
+    constant either operand, one value repeated, wide add ratios for saturation) against the two modules."""
+    g = torch.Generator().manual_seed(n + position + per_column)
+    columns = (n,) if per_column else ()
+    constants = {"a_scale": scales(g), "a_zero_point": zero_point(g, dtype), "b": ints(g, torch.int8, (a_shape[-1], n)),
+                 "b_scale": scales(g, columns, 0.001, 0.02), "b_zero_point": zero_point(g, torch.int8, columns),
+                 "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, dtype)}
+    add_parameters = [scales(g), zero_point(g, dtype), scales(g), zero_point(g, dtype), scales(g, (), 0.01, 0.2),
+                      zero_point(g, dtype)]
+    module = q.QLinearMatMulAdd(q.QLinearMatMul(constants=constants), q.QLinearAdd(tuple(add_parameters)),
+                                ints(g, dtype, operand_shape), position)
+    assert module.swap is not None
+    a = ints(g, dtype, a_shape)
+    results = outputs(monkeypatch, "qlinear_matmul_add", [lambda: module(a, *[None] * 7)])
+    assert results[0].shape == (*a_shape[:-1], n)
+
+
+def test_qlinear_matmul_add_falls_back():
+    """A constant that is not one value per column (or of another type) leaves the two modules' calls."""
+    g = torch.Generator().manual_seed(0)
+    constants = {"a_scale": scales(g), "a_zero_point": zero_point(g, torch.uint8), "b": ints(g, torch.int8, (6, 4)),
+                 "b_scale": scales(g), "b_zero_point": zero_point(g, torch.int8), "y_scale": scales(g, (), 0.05, 0.3),
+                 "y_zero_point": zero_point(g, torch.uint8)}
+    parameters = (scales(g), zero_point(g, torch.uint8)) * 3
+    for operand in (ints(g, torch.uint8, (3, 4)), ints(g, torch.int8, (4,))):
+        module = q.QLinearMatMulAdd(q.QLinearMatMul(constants=constants), q.QLinearAdd(parameters), operand, 0)
+        assert module.swap is None

@@ -709,7 +709,11 @@ def kept_operands(module: Module, names: tuple[str | None, ...], prepare):
     eager calls while each is the same tensor at the same version (load_state_dict and .to() change them). Inference
     tensors have no version counter: prepared at every call."""
     buffers = buffer_dict(module)
-    values = [None if name is None else buffers[name] for name in names]
+    return kept_values(module, [None if name is None else buffers[name] for name in names], prepare)
+
+
+def kept_values(module: Module, values: list[Tensor | None], prepare):
+    """``prepare(*values)``, kept as ``kept_operands`` keeps it (tensors from anywhere: a child's buffers too)."""
     try:  # identities are safe to compare: the kept values hold the tensors
         state = [None if t is None else (id(t), t._version) for t in values]
     except RuntimeError:
@@ -852,6 +856,54 @@ class QLinearAdd(Module):
         swap = _repeats_innermost(a, shape) and not _repeats_innermost(b, shape)
         x, y = (b, a) if swap else (a, b)
         return (swap, tuple(map(float, self.terms[swap]))) if _native_binary(x, y, shape) else None
+
+
+class QLinearMatMulAdd(Module):
+    """A QLinearMatMul whose output only a QLinearAdd with a constant other operand reads (passes/qlinear.py): in
+    eager CPU inference one native call (qlinear_matmul_add: each product value requantized, then the add's
+    arithmetic on it and the constant's value for its column, one rounding each, as the two ops) where the product
+    is folded (``fused``), the add's terms known and the constant one value or one per output column of the product's
+    type; else the two modules as built. ``position``: the product's among the add's inputs (0: a, 3: b)."""
+
+    def __init__(self, matmul: Module, add: Module, operand: Tensor, position: int):
+        super().__init__()
+        self.matmul, self.add, self.position = matmul, add, position
+        self.register_buffer("operand", operand)
+        self.swap = self._swap()
+        self.product_names = getattr(matmul, "product_names", ())  # read at every call: a plain attribute
+
+    def _swap(self) -> bool | None:
+        """QLinearAdd's operand order for the product's shape [..., N] (``_plan``: the constant's rank at most the
+        product's), or None where the native call does not take these modules."""
+        matmul, add, operand = self.matmul, self.add, self.operand
+        if not (type(matmul) is QLinearMatMul and matmul.fused and type(add) is QLinearAdd and add.terms is not None
+                and operand.dtype == buffer_dict(matmul)["y_zero_point"].dtype
+                and operand.numel() in (1, matmul.fused) and operand.shape[-1:] in ((), (1,), (matmul.fused,))):
+            return None
+        shape = (matmul.fused,)  # the innermost axis decides (_repeats_innermost); the product never repeats there
+        return self.position == 3 and _repeats_innermost(operand, shape)
+
+    def forward(self, a: Tensor, *inputs) -> Tensor:
+        if self.swap is not None and a.dtype in BYTES and native(a):
+            product, operand = buffer_dict(self._modules["matmul"]), buffer_dict(self)["operand"]
+            if a.dim() >= max(1, operand.dim()) and a.shape[-1] == product["b"].shape[0]:
+                values = [None if name is None else product[name] for name in self.product_names]
+                return _NATIVE.qlinear_matmul_add.default(a if a.is_contiguous() else a.contiguous(),
+                                                          *kept_values(self, [*values, operand], self._operands))
+        y = self.matmul(a, *inputs)
+        args = [None] * 8
+        args[self.position], args[3 - self.position] = y, self.operand
+        return self.add(*args)
+
+    def _operands(self, *values) -> tuple:
+        """qlinear_matmul's operands, its numbers with 1 where the product is the add's x, the add's terms for this
+        order and the constant per column."""
+        *product, numbers = self.matmul._product_operands(*values[:-1])
+        product_is_x = (self.position == 0) != self.swap
+        terms = torch.tensor(self.add.terms[self.swap], dtype=torch.float32)
+        column = values[-1].float().reshape(-1).expand(self.matmul.fused)
+        return (*product, torch.cat([numbers, torch.tensor([int(product_is_x)], dtype=torch.int32)]),
+                torch.cat([terms, column]))
 
 
 def _mul_terms(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point):
@@ -1667,6 +1719,6 @@ def _flip(q: Tensor) -> Tensor:
 # The modules of ONNX's integer ops: ``to_onnx`` refuses them by name (torch has no ONNX translation to integer ops,
 # and its float64 or Python-loop forms would not be what onnxruntime runs); Q/DQ modules export as float arithmetic.
 INTEGER_OPS = (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, DynamicQuantizeMatMul, MatMulIntegerToFloat,
-               QLinearAdd, QLinearMul, QLinearLookup, QLinearGlobalAveragePool, QLinearAveragePool, QLinearSoftmax,
-               QLinearConcat, QGemm, DynamicQuantizeLSTM, DynamicQuantizedProduct, AsUint8)
+               QLinearAdd, QLinearMatMulAdd, QLinearMul, QLinearLookup, QLinearGlobalAveragePool, QLinearAveragePool,
+               QLinearSoftmax, QLinearConcat, QGemm, DynamicQuantizeLSTM, DynamicQuantizedProduct, AsUint8)
 

@@ -188,13 +188,17 @@ def _eight_bit(*types: int | None) -> bool:
     return all(t in (_U8, _S8) for t in types)
 
 
+def qlinear_group(view: GraphView, target: onnx.NodeProto) -> Fusion | None:
+    """The QLinear fusion that the ``qdq`` pattern makes of the group around ``target``, or None."""
+    return _select(view, _Group(view, target)) if target.domain in _STANDARD else None
+
+
 @register_pattern("qdq")
 def qdq(view: GraphView):
     for target in view.nodes:
-        if target.domain in _STANDARD:
-            fusion = _select(view, _Group(view, target))
-            if fusion is not None:
-                yield fusion
+        fusion = qlinear_group(view, target)
+        if fusion is not None:
+            yield fusion
     for q in view.nodes:  # what the groups leave
         fusion = _round_trip(view, q)
         if fusion is not None:

@@ -542,3 +542,32 @@ def test_qlinear_product_in_one_native_call(monkeypatch, op, a_type, b_type, m, 
     monkeypatch.setattr(quantized, "_NATIVE", spy)
     check(model, feeds, rtol=0, atol=0)
     assert "qlinear_matmul" in spy.called
+
+
+@pytest.mark.parametrize(("dtype", "parameters"), QLINEAR_ADD_SENSITIVE[::2])
+@pytest.mark.parametrize(("position", "bias_shape"), [(0, (6,)), (3, (6,)), (0, (1,)), (3, ())])
+def test_qlinear_matmul_then_constant_add_in_one_native_call(monkeypatch, dtype, parameters, position, bias_shape):
+    """QLinearMatMul -> QLinearAdd of a constant (passes/qlinear.py: one QLinearMatMulAdd module, one call of the
+    native qlinear_matmul_add), the constant either operand, with add parameters where the order of float32 steps
+    decides: both roundings equal onnxruntime's two ops."""
+    if not kernel.load("int8"):
+        pytest.skip("no native kernel")
+    info = np.iinfo(dtype)
+    product_scale = np.float32(parameters[0] if position == 0 else parameters[2])
+    values = {"as": scalar(0.03), "az": integers(dtype, (), info.min // 4, info.max // 4),
+              "b": integers(np.int8, (9, 6)), "bs": RNG.uniform(0.002, 0.02, (6,)).astype(np.float32),
+              "bz": np.zeros((6,), np.int8), "ys": scalar(product_scale), "yz": np.asarray(
+                  parameters[1] if position == 0 else parameters[3], dtype), "c": integers(dtype, bias_shape),
+              **{f"p{i}": np.asarray(v, np.float32 if i % 2 == 0 else dtype) for i, v in enumerate(parameters)}}
+    add = ["y", "p0", "p1", "c", "p2", "p3", "p4", "p5"] if position == 0 else ["c", "p0", "p1", "y", "p2", "p3", "p4",
+                                                                                  "p5"]
+    nodes = [helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"]),
+             helper.make_node("QLinearAdd", add, ["z"], domain=MS)]
+    model = make_model(nodes, [("a", dtype, (2, 4, 9))], [("z", tensor_type(dtype), (2, 4, 6))], values, 17,
+                       {"com.microsoft": 1})
+    spy = OpSpy()
+    monkeypatch.setattr(quantized, "_NATIVE", spy)
+    for _ in range(3):
+        module = check(model, {"a": integers(dtype, (2, 4, 9))}, rtol=0, atol=0)
+    assert [type(m) for m in module.children()] == [quantized.QLinearMatMulAdd]
+    assert "qlinear_matmul_add" in spy.called

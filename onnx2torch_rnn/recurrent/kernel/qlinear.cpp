@@ -20,6 +20,11 @@
 //       of 8-bit a [..., K] by b packed once by int8_matrix_pack (offsets [N] int32: 128 for uint8 b, minus b's zero
 //       point per column), requantized as `requantize` with the int32 bias [N] and the multiplier [1] or [N];
 //       numbers: int32 [a_zero, y_zero, 1 for an int8 output (else uint8)]
+//   qlinear_matmul_add(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
+//                      Tensor numbers, Tensor terms) -> Tensor
+//       qlinear_matmul, then qlinear_add of each value and a constant's value for its column (one rounding each, as
+//       the two ops): terms float32 [x_ratio, y_ratio, offset, the constant per column (N)]; numbers as
+//       qlinear_matmul's plus 1 where the product is qlinear_add's x (else y)
 //   qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor
 //       numbers: int64 [x_zero, y_zero, count_include_pad, kernel, strides, begins, out] (per spatial axis; one
 //       tensor the module keeps per input shape: numbers and lists are boxed at every call of an op, a tensor is
@@ -483,17 +488,17 @@ Tensor qlinear_softmax_cpu(const Tensor& rows, const Tensor& table, double inver
   return out;
 }
 
-Tensor qlinear_matmul_cpu(const Tensor& a, const Tensor& panels, const Tensor& column_sums,
-                              const Tensor& offsets, const Tensor& multiplier,
-                              const std::optional<Tensor>& bias, const Tensor& numbers) {
+// The folded product of qlinear_matmul: each output value requantized, then `then(value, column)` (a T).
+template <typename Then>
+Tensor folded_product(const Tensor& a, const Tensor& panels, const Tensor& column_sums, const Tensor& offsets,
+                      const Tensor& multiplier, const std::optional<Tensor>& bias, const int32_t* z, Then then) {
   // dtypes, shapes and contiguity as the caller (modules/quantized.py: QLinearMatMul, QGemm) checked them
   const int64_t K = a.size(-1), N = offsets.numel(), m_count = multiplier.numel();
   int64_t M = 1;
   for (int64_t d = 0; d + 1 < a.dim(); ++d) M *= a.size(d);
-  CHECK_VALUE(panels.numel() == int8::packed_size(K, N) && numbers.numel() == 3 &&
+  CHECK_VALUE(panels.numel() == int8::packed_size(K, N) &&
                         column_sums.numel() == (int8::by_column(N) ? N : int8::panel_blocks(N) * int8::G * int8::L),
                     "qlinear_matmul: panels not packed by int8_matrix_pack for this a");
-  const int32_t* z = numbers.const_data_ptr<int32_t>();
   const uint8_t flip = signed_bytes(a) ? 0x80 : 0;  // int8 a as uint8: a + 128, its zero point with it
   const int32_t a_zero = z[0] + (flip ? 128 : 0);
   const float zero = static_cast<float>(z[1]);
@@ -526,11 +531,41 @@ Tensor qlinear_matmul_cpu(const Tensor& a, const Tensor& panels, const Tensor& c
                        const float value =
                            static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(exact[l]) + add)) *
                            m[m_count == 1 ? 0 : j];
-                       y[i * N + j] = saturate<T>(std::nearbyint(value) + zero);
+                       y[i * N + j] = then(saturate<T>(std::nearbyint(value) + zero), j);
                      }
                    });
   });
   return out;
+}
+
+Tensor qlinear_matmul_cpu(const Tensor& a, const Tensor& panels, const Tensor& column_sums,
+                              const Tensor& offsets, const Tensor& multiplier,
+                              const std::optional<Tensor>& bias, const Tensor& numbers) {
+  CHECK_VALUE(numbers.numel() == 3, "qlinear_matmul: 3 numbers expected");
+  return folded_product(a, panels, column_sums, offsets, multiplier, bias, numbers.const_data_ptr<int32_t>(),
+                        [](auto value, int64_t) { return value; });
+}
+
+Tensor qlinear_matmul_add_cpu(const Tensor& a, const Tensor& panels, const Tensor& column_sums,
+                                  const Tensor& offsets, const Tensor& multiplier,
+                                  const std::optional<Tensor>& bias, const Tensor& numbers, const Tensor& terms) {
+  const int64_t N = offsets.numel();
+  CHECK_VALUE(numbers.numel() == 4 && terms.scalar_type() == ScalarType::Float && terms.is_contiguous() &&
+                  terms.numel() == 3 + N, "qlinear_matmul_add: 4 numbers and float32 terms [3 + N] expected");
+  const float* t = terms.const_data_ptr<float>();
+  const float rx = t[0], ry = t[1], f = t[2];
+  const float* column = t + 3;
+  if (numbers.const_data_ptr<int32_t>()[3])  // the product is qlinear_add's x
+    return folded_product(a, panels, column_sums, offsets, multiplier, bias, numbers.const_data_ptr<int32_t>(),
+                          [=](auto value, int64_t j) {
+                            using T = decltype(value);
+                            return convert<T>(std::fma(static_cast<float>(value), rx, std::fma(column[j], ry, f)));
+                          });
+  return folded_product(a, panels, column_sums, offsets, multiplier, bias, numbers.const_data_ptr<int32_t>(),
+                        [=](auto value, int64_t j) {
+                          using T = decltype(value);
+                          return convert<T>(std::fma(column[j], rx, std::fma(static_cast<float>(value), ry, f)));
+                        });
 }
 
 Tensor qlinear_concat_cpu(const std::vector<Tensor>& xs, const Tensor& tables, int64_t axis) {
@@ -583,6 +618,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("qlinear_lookup(Tensor x, Tensor table) -> Tensor");
   m.def("qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, "
         "Tensor? bias, Tensor numbers) -> Tensor");
+  m.def("qlinear_matmul_add(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, "
+        "Tensor? bias, Tensor numbers, Tensor terms) -> Tensor");
   m.def("qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor");
   m.def("qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero, "
         "bool channels_last) -> Tensor");
@@ -597,6 +634,7 @@ STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("qlinear_mul", TORCH_BOX(&qlinear_mul_cpu));
   m.impl("qlinear_lookup", TORCH_BOX(&qlinear_lookup_cpu));
   m.impl("qlinear_matmul", TORCH_BOX(&qlinear_matmul_cpu));
+  m.impl("qlinear_matmul_add", TORCH_BOX(&qlinear_matmul_add_cpu));
   m.impl("qlinear_average_pool", TORCH_BOX(&qlinear_average_pool_cpu));
   m.impl("qlinear_global_average_pool", TORCH_BOX(&qlinear_global_average_pool_cpu));
   m.impl("max_pool", TORCH_BOX(&max_pool_cpu));
