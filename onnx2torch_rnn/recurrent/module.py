@@ -299,15 +299,19 @@ class StackedRecurrent(Module):
 
     def forward(self, x: Tensor, *states: Tensor):
         lengths = states[-1] if self.lengths else None
-        initial_h = [_rows(states, where) for where in self.initial_h]
-        initial_c = [_rows(states, where) for where in self.initial_c]
-        results = self._native(x, states, lengths, initial_h, initial_c)
+        stateless = not (any(self.initial_h) or any(self.initial_c))  # a stack without initial states: no lists
+        initial_h = self.initial_h if stateless else [_rows(states, where) for where in self.initial_h]
+        initial_c = self.initial_c if stateless else [_rows(states, where) for where in self.initial_c]
+        results = self._native(x, lengths, initial_h, initial_c, stateless)
         if results is None:
             results = self._layer_by_layer(x, lengths, initial_h, initial_c)
-        results = tuple(r if wanted else None for r, wanted in zip(results, self.outputs, strict=False))
+        outputs = self.outputs
+        if len(outputs) == 1:
+            return results[0] if outputs[0] else None
+        results = tuple(r if wanted else None for r, wanted in zip(results, outputs, strict=False))
         if self.squeeze_states:
             results = tuple(r[0] if k and r is not None else r for k, r in enumerate(results))
-        return results[0] if len(results) == 1 else results
+        return results
 
     def _layer_by_layer(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list) -> tuple:
         """(y, h_n, c_n), each layer called as a module (its own path choice: training, compiling, no kernel), or
@@ -368,14 +372,15 @@ class StackedRecurrent(Module):
             h_n, c_n = h_n[-directions:], None if c_n is None else c_n[-directions:]
         return y.transpose(0, 1) if self.batch_first_output else y, h_n, c_n
 
-    def _native(self, x: Tensor, states: tuple[Tensor, ...], lengths: Tensor | None, initial_h: list,
-                initial_c: list) -> tuple | None:
+    def _native(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list,
+                stateless: bool) -> tuple | None:
         """(y, h_n, c_n) by the native stack op (op.py: recurrent_stack), the same computation as
         ``_layer_by_layer``, in eager inference on the native kernel, where the Python around each layer (its call,
         the transpositions between layers) costs as much as its kernel at batch 1. None (``_layer_by_layer`` runs)
         unless that is the same computation (``_NativeStack`` decides what it can once per set of layers): no layer
         with hooks (they still run), nothing that needs a gradient, the layers' own constant lengths (if any) all
-        the same, the first layer's directions reading the same steps of x (its window)."""
+        the same, the first layer's directions reading the same steps of x (its window). ``stateless``: no layer
+        has initial states (the lists hold Nones)."""
         if torch.compiler.is_compiling() or not x.is_cpu or torch.jit.is_tracing():
             return None
         layers = tuple(self._modules["layers"]._modules.values())  # not self.layers: nn.Module's lookup is slow
@@ -389,7 +394,8 @@ class StackedRecurrent(Module):
         weights = [own[name] for own, name in plan.sources]
         if torch.is_grad_enabled() and needs_grad((x, *weights, *initial_h, *initial_c)):  # no tuple without grad
             return None
-        if plan.ops.dtypes is not None and x.dtype not in plan.ops.dtypes:
+        ops = plan.ops
+        if ops.dtypes is not None and x.dtype not in ops.dtypes:
             return None
         if lengths is None and plan.lengths_from is not None:
             if plan.lengths_differ:
@@ -403,12 +409,11 @@ class StackedRecurrent(Module):
                 return None
             x, batch_first = x[window[0]:window[1]], False
         key = (x.dtype == torch.float64, batch_first, self.batch_first_output, self.merge_output, self.last_states)
-        made = plan.kept.get(weights, key, lambda: plan.ops.pack(weights, plan.counts, plan.configs, key))
+        made = plan.kept.get(weights, key, lambda: ops.pack(weights, plan.counts, plan.configs, key))
         if made is None:
             return None
-        given = [] if all(s is None for s in (*initial_h, *initial_c)) else [
-            s for pair in zip(initial_h, initial_c, strict=True) for s in pair]
-        return plan.ops.run(x, *made, lengths, given)
+        given = [] if stateless else [s for pair in zip(initial_h, initial_c, strict=True) for s in pair]
+        return ops.run(x, *made, lengths, given)
 
     @staticmethod
     def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:
@@ -626,7 +631,10 @@ def _merged(y: Tensor) -> Tensor:
 
 def _rows(states: tuple[Tensor, ...], where: tuple[int, int | None, int | None] | None) -> Tensor | None:
     """A layer's initial state: rows start:end of ``states[k]`` for ``where`` = (k, start, end), None for zeros."""
-    return None if where is None else states[where[0]][where[1]:where[2]]
+    if where is None:
+        return None
+    k, start, end = where
+    return states[k] if start is None and end is None else states[k][start:end]  # all rows: no view to make
 
 
 def _joined(per_layer: list[Tensor | None]) -> Tensor | None:
