@@ -233,7 +233,7 @@ _LIBRARY.impl("recurrent_differentiable", lambda *args: torch.ops.onnx2torch_rnn
 # StackedRecurrent's eager inference on the native kernel (module.py): the whole stack of layout-0 layers without
 # masks in one call, on what ``pack_stack`` makes once per version of the weights (kernel/recurrent.cpp says what the
 # arguments hold): few arguments, as each boxed one costs a batch-1 call about a microsecond. ``states``: empty, or
-# every layer's initial_h and initial_c in turn. Returns y, h_n, c_n (empty where the layers do not compute them).
+# every layer's initial_h and initial_c in turn. Returns y, h_n, c_n (None where the layers do not compute them).
 _LIBRARY.define("recurrent_stack(Tensor X, Tensor packed, Tensor numbers, Tensor? sequence_lens, Tensor?[] states) "
                 "-> (Tensor, Tensor, Tensor)")
 

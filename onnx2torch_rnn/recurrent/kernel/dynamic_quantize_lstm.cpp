@@ -482,9 +482,9 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_packed_cpu(const Tensor
   return {output(y.y), output(h), output(c)};
 }
 
-// The layers' final states as one [L·D, N, H] tensor (an empty one where they are not computed).
+// The layers' final states as one [L·D, N, H] tensor (undefined where they are not computed).
 Tensor joined(const std::vector<Tensor>& per_layer) {
-  if (!per_layer[0].defined()) return allocate({0}, ScalarType::Float);
+  if (!per_layer[0].defined()) return per_layer[0];
   if (per_layer.size() == 1) return per_layer[0];
   int64_t rows = 0;
   for (const Tensor& t : per_layer) {
@@ -506,8 +506,8 @@ Tensor joined(const std::vector<Tensor>& per_layer) {
 // one after the other; `numbers` (int64, made once per stack in Python) the flags batch_first, batch_first_output,
 // merge_output, last_states, then per layer where its weights start in `packed`; `states` is empty (no initial
 // states) or holds each layer's initial_h and initial_c (or None) in turn. X float32 (each layer's Y is the next
-// one's X in float32, as the layers' own calls give it). Returns y, h_n, c_n (empty where the layers do not compute
-// them); each layer writes its Y where the next one (or the caller) reads it: no transposition.
+// one's X in float32, as the layers' own calls give it). Returns y, h_n, c_n (None where the layers do not compute
+// them: no tensor to make); each layer writes its Y where the next one (or the caller) reads it: no transposition.
 std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor& X, const Tensor& packed,
                                                                    const Tensor& numbers,
                                                                    const std::optional<Tensor>& sequence_lens,
@@ -577,7 +577,7 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor&
     h_n = {h_n.back()};
     c_n = {c_n.back()};
   }
-  return {x.defined() ? x : allocate({0}, ScalarType::Float), joined(h_n), joined(c_n)};
+  return {x, joined(h_n), joined(c_n)};
 }
 
 }  // namespace

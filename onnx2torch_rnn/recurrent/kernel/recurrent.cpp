@@ -986,6 +986,7 @@ struct Node {
   const std::vector<char>& mask;
   int64_t offset = 0;  // where the node's weights start in its packed tensor: a stack's holds every layer's
   bool whole = true;   // the packed tensor holds this node's weights alone
+  bool none = false;   // an output not computed is an undefined tensor (None in Python: the stack op), else empty
 };
 
 template <typename T>
@@ -1111,7 +1112,7 @@ std::tuple<Tensor, Tensor, Tensor> run(const Config& c, const Node& node, const 
   }
   const ScalarType given = node.X.scalar_type();
   auto output = [&](const std::optional<Tensor>& t) {
-    return !t ? empty({0}, given) : dtype == given ? *t : ops::to(*t, given);
+    return !t ? (node.none ? Tensor() : empty({0}, given)) : dtype == given ? *t : ops::to(*t, given);
   };
   return {output(y), output(y_h), output(y_c)};
 }
@@ -1204,7 +1205,7 @@ std::tuple<Tensor, Tensor, Tensor> recurrent_packed_cpu(const Tensor& X, const T
   return run_node(c, node, packs, one.threads(), node_output(c.layout, steps, c.directions, batch, hidden));
 }
 
-// The layers' final states as one [L·D, N, H] tensor (the first layer's empty one where they are not computed).
+// The layers' final states as one [L·D, N, H] tensor (the first layer's undefined one where they are not computed).
 Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
   if (per_layer.size() == 1 || !computed) return per_layer[0];
   Dims shape = Dims::of(per_layer[0].sizes());
@@ -1226,8 +1227,8 @@ Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
 // (int64, made once per stack in Python: each boxed argument costs a batch-1 call about a microsecond) the flags
 // batch_first, batch_first_output, merge_output, last_states, then per layer its config's number (layout 0, no
 // mask), hidden and input sizes and where its weights start in `packed`; `states` is empty (no initial states) or
-// holds each layer's initial_h and initial_c (or None) in turn. Returns y, h_n, c_n (empty where the layers do not
-// compute them). A batch-first X is read as it is, and each layer writes its Y where the next one (or the caller)
+// holds each layer's initial_h and initial_c (or None) in turn. Returns y, h_n, c_n (None where the layers do not
+// compute them: no tensor to make). A batch-first X is read as it is, and each layer writes its Y where the next one (or the caller)
 // reads it: no transposition.
 std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(const Tensor& X, const Tensor& packed, const Tensor& numbers,
                                                        const std::optional<Tensor>& sequence_lens,
@@ -1263,7 +1264,7 @@ std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(const Tensor& X, const Te
     const OutputLayout y_at = last && !merge_output
                                   ? node_output(false, steps, c.directions, batch, hidden, out_batch_first)
                                   : merged_output(out_batch_first, steps, c.directions, batch, hidden);
-    const Node node{x, swapped, steps, batch, hidden, lens, h0, c0, no_mask, layer[3], false};
+    const Node node{x, swapped, steps, batch, hidden, lens, h0, c0, no_mask, layer[3], false, true};
     auto [y, y_h, y_c] = run_node(c, node, packed, one.threads(), y_at);
     CHECK_VALUE(c.outputs[0] || last, "recurrent_stack: a layer below the last must compute Y");
     h_n.push_back(y_h);
