@@ -144,8 +144,9 @@ Panels pack_values(int64_t K, int64_t blocks, bool unsigned_values, Value value,
 // ---- integer products -----------------------------------------------------------------------------------------------
 
 // acc[m][g] = Σ_k a[m, k] · panel[k, g, :] (exact int32) for MR rows of uint8 a (row stride lda, zeros past K up to
-// 4·K4) and one block's panel, with U independent partial sums over k to keep enough products in flight.
-template <int MR>
+// 4·K4) and one block's panel, for its first GV vectors (the others left unset: a block of few columns uses one),
+// with U independent partial sums over k to keep enough products in flight.
+template <int MR, int GV = G>
 __attribute__((noinline)) void dot(const uint8_t* a, int64_t lda, const int8_t* panel, int64_t K4, I (&acc)[MR][G]) {
   constexpr int U = MR >= 3 ? 1 : MR == 2 ? 2 : 3;
   int64_t k = 0;
@@ -153,15 +154,15 @@ __attribute__((noinline)) void dot(const uint8_t* a, int64_t lda, const int8_t* 
   __m512i part[U][MR][G];
   for (int u = 0; u < U; ++u)
     for (int m = 0; m < MR; ++m)
-      for (int g = 0; g < G; ++g) part[u][m][g] = _mm512_setzero_si512();
+      for (int g = 0; g < GV; ++g) part[u][m][g] = _mm512_setzero_si512();
   auto step = [&](int u, int64_t at) {
-    __m512i w[G];
-    for (int g = 0; g < G; ++g) w[g] = _mm512_loadu_si512(panel + (at * G + g) * L * 4);
+    __m512i w[GV];
+    for (int g = 0; g < GV; ++g) w[g] = _mm512_loadu_si512(panel + (at * G + g) * L * 4);
     for (int m = 0; m < MR; ++m) {
       int32_t four;
       std::memcpy(&four, a + m * lda + at * 4, 4);
       const __m512i x = _mm512_set1_epi32(four);
-      for (int g = 0; g < G; ++g) part[u][m][g] = _mm512_dpbusd_epi32(part[u][m][g], x, w[g]);
+      for (int g = 0; g < GV; ++g) part[u][m][g] = _mm512_dpbusd_epi32(part[u][m][g], x, w[g]);
     }
   };
   for (; k + U <= K4; k += U) {
@@ -170,7 +171,7 @@ __attribute__((noinline)) void dot(const uint8_t* a, int64_t lda, const int8_t* 
   }
   for (; k < K4; ++k) step(0, k);
   for (int m = 0; m < MR; ++m) {
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GV; ++g) {
       __m512i sum = part[0][m][g];
       for (int u = 1; u < U; ++u) sum = _mm512_add_epi32(sum, part[u][m][g]);
       acc[m][g] = (I)sum;
@@ -180,7 +181,7 @@ __attribute__((noinline)) void dot(const uint8_t* a, int64_t lda, const int8_t* 
   // The four int8 values of each lane, sign-extended by shifts, times the four uint8 values of the row.
   I part[U][MR][G] = {};
   auto step = [&](int u, int64_t at) {
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GV; ++g) {
       const I w = load(reinterpret_cast<const int32_t*>(panel + (at * G + g) * L * 4));
       const I w0 = (w << 24) >> 24, w1 = (w << 16) >> 24, w2 = (w << 8) >> 24, w3 = w >> 24;
       for (int m = 0; m < MR; ++m) {
@@ -194,7 +195,7 @@ __attribute__((noinline)) void dot(const uint8_t* a, int64_t lda, const int8_t* 
   }
   for (; k < K4; ++k) step(0, k);
   for (int m = 0; m < MR; ++m) {
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GV; ++g) {
       acc[m][g] = part[0][m][g];
       for (int u = 1; u < U; ++u) acc[m][g] += part[u][m][g];
     }
@@ -202,19 +203,20 @@ __attribute__((noinline)) void dot(const uint8_t* a, int64_t lda, const int8_t* 
 #endif
 }
 
-// Calls f(n0, acc) for each tile of up to kRows of `rows` rows of a, after the tile's products with one block.
-template <typename Fn>
+// Calls f(n0, acc) for each tile of up to kRows of `rows` rows of a, after the tile's products with one block (its
+// first GV vectors).
+template <int GV = G, typename Fn>
 void tiles(const uint8_t* a, int64_t lda, int64_t rows, const int8_t* panel, int64_t K4, Fn&& f) {
   int64_t n = 0;
   for (; n + kRows <= rows; n += kRows) {
     I acc[kRows][G];
-    dot<kRows>(a + n * lda, lda, panel, K4, acc);
+    dot<kRows, GV>(a + n * lda, lda, panel, K4, acc);
     f(n, acc);
   }
   switch (rows - n) {
-    case 1: { I acc[1][G]; dot<1>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
-    case 2: { I acc[2][G]; dot<2>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
-    case 3: { I acc[3][G]; dot<3>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
+    case 1: { I acc[1][G]; dot<1, GV>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
+    case 2: { I acc[2][G]; dot<2, GV>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
+    case 3: { I acc[3][G]; dot<3, GV>(a + n * lda, lda, panel, K4, acc); f(n, acc); break; }
     default: break;
   }
 }
@@ -352,7 +354,7 @@ void products(const Quantized& rows, int64_t M, int64_t K, bool columns, const i
   for (int64_t block = 0; block < panel_blocks(N); ++block) {
     const int8_t* panel = data + block * K4 * G * L * 4;
     const int32_t* sums = column_sums + block * G * L;
-    tiles(rows.q.data(), rows.lda, M, panel, K4, [&](int64_t n0, auto& acc) {
+    auto each = [&](int64_t n0, auto& acc) {
       for (int m = 0; m < static_cast<int>(sizeof(acc) / sizeof(acc[0])); ++m) {
         const int64_t i = n0 + m;
         const int32_t zero = row_zero(i), row = rows.sums[i] - zero * static_cast<int32_t>(K);
@@ -363,7 +365,12 @@ void products(const Quantized& rows, int64_t M, int64_t K, bool columns, const i
           out(i, column, exact, static_cast<int>(std::min<int64_t>(L, N - column)));
         }
       }
-    });
+    };
+    if (N - block * G * L <= L) {  // one vector of columns used (a convolution of few channels): its products only
+      tiles<1>(rows.q.data(), rows.lda, M, panel, K4, each);
+    } else {
+      tiles(rows.q.data(), rows.lda, M, panel, K4, each);
+    }
   }
 }
 
