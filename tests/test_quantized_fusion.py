@@ -131,6 +131,12 @@ def random_chain(rng: random.Random):
     if generator.random() < 0.4:  # a Relu after it: fused too
         nodes[-1].output[0] = "linear"
         nodes.append(helper.make_node("Relu", ["linear"], ["y"]))
+    if conv and generator.random() < 0.4:  # a MaxPool after the convolution: fused too
+        nodes[-1].output[0] = "unpooled"
+        rank = len(x_shape) - 2
+        nodes.append(helper.make_node("MaxPool", ["unpooled"], ["y"], kernel_shape=[2] * rank, pads=[1] * (2 * rank),
+                                      strides=[int(generator.integers(1, 3)) for _ in range(rank)],
+                                      ceil_mode=int(generator.integers(0, 2))))
     model = make_model(nodes, [("x", np.float32, x_shape)], ["y"], values, opset=17)
     return model, x_shape, conv and zero_per_channel
 
@@ -238,3 +244,31 @@ def test_dynamic_quantize_lstm_glue_is_recognised_and_exact(name):
             for g, w, want in zip(got, as_written, run_onnxruntime(path, feeds), strict=True):
                 assert torch.equal(g, w)
                 np.testing.assert_allclose(g.numpy(), want, rtol=1e-6 if "crnn" in name else 0, atol=0, strict=True)
+
+
+@pytest.mark.parametrize("types", [(np.uint8, np.int8), (np.int8, np.int8)])
+@pytest.mark.parametrize(("x_shape", "conv", "pool"), [
+    ((2, 1, 8, 10), {"pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((1, 3, 9, 7), {"strides": [1, 2]}, {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1}),
+    ((2, 2, 11), {"pads": [2, 1]}, {"kernel_shape": [3], "dilations": [2], "strides": [2]})])
+def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, pool):
+    """QLinearConv -> MaxPool (QOperator CNNs) as one module (passes/quantized.py), the pooling in the native
+    convolution's call: equal to onnxruntime and to the nodes converted as written."""
+    x_type, w_type = types
+    rng = np.random.default_rng(len(x_shape))
+    rank, channels = len(x_shape) - 2, 4
+    values = {"xs": np.float32(0.02), "xz": integers(x_type, (), rng=rng), "w": integers(w_type, (channels, x_shape[1],
+              *[3] * rank), rng=rng), "ws": rng.uniform(0.005, 0.02, channels).astype(np.float32),
+              "wz": np.zeros(channels, w_type), "ys": np.float32(0.15), "yz": integers(x_type, (), rng=rng),
+              "b": rng.integers(-500, 500, channels).astype(np.int32)}
+    nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["c"], **conv),
+             helper.make_node("MaxPool", ["c"], ["y"], **pool)]
+    model = make_model(nodes, [("x", x_type, x_shape)], ["y"], values, opset=12)
+    fused, literal = onnx2torch_rnn.convert(model), onnx2torch_rnn.convert(model, fuse=False)
+    assert [type(m).__name__ for m in fused.children()] == ["QLinearConv"]
+    for seed in range(3):
+        x = integers(x_type, x_shape, rng=np.random.default_rng(seed))
+        with torch.no_grad():
+            got, as_written = fused(torch.from_numpy(x)), literal(torch.from_numpy(x))
+        assert torch.equal(got, as_written)
+        np.testing.assert_array_equal(got.numpy(), run_onnxruntime(model, {"x": x})[0], strict=True)

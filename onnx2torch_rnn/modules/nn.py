@@ -363,7 +363,7 @@ class MaxPool(_Pool):
         if x.dtype in _NATIVE_POOL and x.is_cpu and not (x.requires_grad and torch.is_grad_enabled()):
             kept = self.__dict__.get("_native")  # (input shape, numbers or None without the kernel)
             if kept is None or kept[0] != x.shape:
-                kept = self.__dict__["_native"] = (x.shape, self._numbers(x) if kernel.load("int8") else None)
+                kept = self.__dict__["_native"] = (x.shape, self.native_numbers(x) if kernel.load("int8") else None)
             if kept[1] is not None:
                 return native_max_pool(x if x.is_contiguous() else x.contiguous(), kept[1])
         n = len(self.kernel_shape)
@@ -375,10 +375,10 @@ class MaxPool(_Pool):
             x = pad(x, [0, 0, *begins], [0, 0, *ends], value=lowest)
         return MAX_POOL[n](x, self.kernel_shape, strides, 0, dilations)
 
-    def _numbers(self, x) -> torch.Tensor | None:
-        """max_pool's numbers: kernel, strides, head pads, output sizes, dilations (None where some output size is
-        not positive: torch's pooling says why)."""
-        if len(self.kernel_shape) != x.dim() - 2:
+    def native_numbers(self, x) -> torch.Tensor | None:
+        """The native max_pool's numbers for x's shape: kernel, strides, head pads, output sizes, dilations (None
+        where it does not fit: with indices, or some output size not positive: torch's pooling says why)."""
+        if self.indices or len(self.kernel_shape) != x.dim() - 2:
             return None
         geometry, strides, dilations, begins, _ = self._compute_geometry(x)
         outs = [out for _, _, out in geometry]

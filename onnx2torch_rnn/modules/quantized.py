@@ -27,7 +27,7 @@ from ..recurrent.op import PACKS, _checked, _owned, output_shapes
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
 from .common import Module, attributes_repr, kept_geometry
-from .nn import AveragePool, Conv, _window_counts, pad
+from .nn import AveragePool, Conv, MaxPool, _window_counts, pad
 from .shape import broadcast_sizes
 
 _NATIVE = torch.ops.onnx2torch_rnn  # the native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp, qlinear.cpp)
@@ -513,17 +513,25 @@ class QLinearConv(Conv, _Folded):
 
     FOLDED = ("x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B")
 
-    def __init__(self, constants: dict[str, Tensor | None] | None = None, **attributes):
+    def __init__(self, constants: dict[str, Tensor | None] | None = None, pool: MaxPool | None = None,
+                 **attributes):
         super().__init__(**attributes)
         self.fold(constants, _conv_multiplier)
+        self.pool = pool  # a MaxPool after it (passes/quantized.py), the native call's with folded constants
 
     def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                 y_zero_point=None, B=None):
         if self.folded and x.dtype in BYTES and native(x):  # the converter's case: two lookups, one call
-            numbers = kept_geometry(self, (x.shape, x.dtype), lambda: self._numbers(x, self.folded_values({})[0]))
+            numbers = kept_geometry(self, (x.shape, x.dtype),
+                                    lambda: self._numbers(x, self.folded_values({})[0], pooled=True))
             if numbers is not None:
                 operands = kept_operands(self, ("w", "w_zero_point", "multiplier", "B"), self._operands)
                 return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), *operands, numbers)
+        y = self._convolve(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B)
+        return y if self.pool is None else self.pool(y)
+
+    def _convolve(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B):
+        """The convolution alone, by the native kernel where it takes it, else here (the reference)."""
         v, multiplier, zero = self.folded_values(dict(x_scale=x_scale, x_zero_point=x_zero_point, w=w,
                                                       w_scale=w_scale, w_zero_point=w_zero_point, y_scale=y_scale,
                                                       y_zero_point=y_zero_point, B=B))
@@ -545,11 +553,12 @@ class QLinearConv(Conv, _Folded):
         bias = None if B is None else B.reshape(-1).contiguous()
         return (*packed_conv(w, w_zero_point, self.group), multiplier.reshape(-1).contiguous(), bias)
 
-    def _numbers(self, x: Tensor, v: dict, multiplier: Tensor | None = None, zero=None) -> Tensor | None:
+    def _numbers(self, x: Tensor, v: dict, multiplier: Tensor | None = None, zero=None,
+                 pooled: bool = False) -> Tensor | None:
         """The native kernel's qlinear_conv numbers (recurrent/kernel/conv_integer.cpp: zero points, output type,
-        group, kernel, geometry) where it takes this node (8-bit, 1-3 spatial axes, x's zero point one value, w's one
-        or per output channel, an int32 bias per output channel), else None. Folded: computed once per input shape
-        (the multiplier a buffer)."""
+        group, kernel, geometry; ``pooled``: then the MaxPool's, if any) where it takes this node (8-bit, 1-3 spatial
+        axes, x's zero point one value, w's one or per output channel, an int32 bias per output channel), else None.
+        Folded: computed once per input shape (the multiplier a buffer)."""
         if multiplier is None:
             multiplier, zero = buffer_dict(self)["multiplier"], self.y_zero
         w, x_zero_point, w_zero_point, B = v["w"], v["x_zero_point"], v["w_zero_point"], v["B"]
@@ -562,12 +571,13 @@ class QLinearConv(Conv, _Folded):
                 and (B is None or (B.dtype == torch.int32 and B.numel() == w.shape[0]))
                 and v["y_zero_point"].numel() == 1 and (not self.folded or multiplier.dim() <= 1)):
             return None
-        strides, dilations, begins, ends = self.geometry(x, w)
-        if min(begins + ends) < 0:
+        geometry = self.geometry(x, w)
+        pool = pooled_numbers(self.pool if pooled else None, x, w, *geometry)
+        if min(geometry[2] + geometry[3]) < 0 or pool is None:
             return None
         x_zero = 0 if x_zero_point is None else int(x_zero_point)
-        return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), self.group, *w.shape[2:], *strides,
-                             *begins, *ends, *dilations], dtype=torch.int64)
+        return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), self.group, *conv_numbers(w, *geometry),
+                             *pool], dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops
@@ -645,16 +655,16 @@ class MatMulIntegerToFloat(Module):
 
 class DynamicQuantizedProduct(Module):
     """DynamicQuantizeLinear -> MatMulInteger or ConvInteger by constant weights -> Cast to float -> Mul by
-    x_scale * w_scale (-> Add of a constant bias) (-> Relu) in one module (passes/quantized.py): the same float32
-    steps as those nodes. In eager CPU inference one call of the native kernel (``dynamic_quantized_matmul`` or
-    ``dynamic_quantized_conv``, which applies the Relu too) on the weights prepared once per weight version
-    (``_operands``), where the scale and bias vary along the output channel only; else those steps here (the
-    reference)."""
+    x_scale * w_scale (-> Add of a constant bias) (-> Relu) (-> MaxPool after a convolution) in one module
+    (passes/quantized.py): the same float32 steps as those nodes. In eager CPU inference one call of the native
+    kernel (``dynamic_quantized_matmul`` or ``dynamic_quantized_conv``, which applies the Relu and the pooling too) on
+    the weights prepared once per weight version (``_operands``), where the scale and bias vary along the output
+    channel only; else those steps here (the reference)."""
 
     def __init__(self, integer: MatMulInteger | ConvInteger, weight: Tensor, weight_zero_point: Tensor | None,
-                 weight_scale: Tensor, bias: Tensor | None, relu: bool = False):
+                 weight_scale: Tensor, bias: Tensor | None, relu: bool = False, pool: MaxPool | None = None):
         super().__init__()
-        self.integer, self.relu = integer, relu
+        self.integer, self.relu, self.pool = integer, relu, pool
         for name, value in (("weight", weight), ("weight_zero_point", weight_zero_point),
                             ("weight_scale", weight_scale), ("bias", bias)):
             self.register_buffer(name, value)
@@ -672,7 +682,8 @@ class DynamicQuantizedProduct(Module):
         acc = type(self.integer).forward(self.integer, q, self.weight, zero_point, self.weight_zero_point)
         value = acc.float() * (scale * self.weight_scale)
         value = value if self.bias is None else value + self.bias
-        return torch.relu(value) if self.relu else value
+        value = torch.relu(value) if self.relu else value
+        return value if self.pool is None else self.pool(value)
 
     def _native(self, x: Tensor) -> Tensor | None:
         """The native kernel's call, or None where x does not fit it (the reference path then says why, if at all)."""
@@ -688,20 +699,40 @@ class DynamicQuantizedProduct(Module):
 
     def _numbers(self, x: Tensor, weight: Tensor) -> Tensor | None:
         """dynamic_quantized_conv's numbers for this input shape (automatic pads depend on it): Relu, group, kernel,
-        strides, pads, dilations; None where x does not fit the op."""
+        strides, pads, dilations (and the pooling's: ``pooled_numbers``); None where x does not fit the op."""
         if x.dim() != weight.dim() or x.shape[1] != weight.shape[1] * self.group:
             return None
-        strides, dilations, begins, ends = self.integer.geometry(x, weight)
-        if min(begins + ends, default=0) < 0:
+        numbers = self.integer.geometry(x, weight)
+        pool = pooled_numbers(self.pool, x, weight, *numbers)
+        if min(numbers[2] + numbers[3], default=0) < 0 or pool is None:
             return None
-        return torch.tensor([int(self.relu), self.group, *weight.shape[2:], *strides, *begins, *ends, *dilations],
-                            dtype=torch.int64)
+        return torch.tensor([int(self.relu), self.group, *conv_numbers(weight, *numbers), *pool], dtype=torch.int64)
 
     def _operands(self) -> tuple[Tensor, tuple]:
         """(weight, the native op's weight operands), prepared once per version of the buffers: packing costs more
         than a small product."""
         return kept_operands(self, ("weight", "weight_zero_point", "weight_scale", "bias"),
                              lambda w, z, s, b: (w, _prepare(self.native_form, self.group, w, z, s, b)))
+
+
+def conv_numbers(weight: Tensor, strides: list, dilations: list, begins: list, ends: list) -> list[int]:
+    """A native convolution's geometry numbers (recurrent/kernel/conv_integer.cpp): kernel, strides, pads, dilations
+    per spatial axis."""
+    return [*weight.shape[2:], *strides, *begins, *ends, *dilations]
+
+
+def pooled_numbers(pool, x: Tensor, weight: Tensor, strides: list, dilations: list, begins: list,
+                   ends: list) -> list[int] | None:
+    """The numbers of the MaxPool a native convolution applies to its output (none: []), None where that pooling
+    does not fit (the caller then runs its Python path)."""
+    if pool is None:
+        return []
+    sizes = [(size + b + e - (k - 1) * d - 1) // s + 1 for size, k, s, d, b, e in
+             zip(x.shape[2:], weight.shape[2:], strides, dilations, begins, ends, strict=True)]
+    if min(sizes, default=1) < 1:
+        return None
+    numbers = pool.native_numbers(torch.empty(x.shape[0], weight.shape[0], *sizes, device="meta"))
+    return None if numbers is None else numbers.tolist()
 
 
 def kept_operands(module: Module, names: tuple[str | None, ...], prepare):

@@ -3,7 +3,7 @@ onnxruntime's quantize_dynamic writes them (per MatMul or Conv):
 
     DynamicQuantizeLinear(x) -> (xq, x_scale, x_zero_point)
     MatMulInteger or ConvInteger(xq, W, x_zero_point, W_zero_point) -> Cast(float) -> Mul(., x_scale * W_scale)
-    [-> Add(., bias)] [-> Relu]
+    [-> Add(., bias)] [-> Relu] [-> MaxPool, after a ConvInteger]
 
 become one module (``DynamicQuantizedProduct``): six or seven modules per call as written, one here. The same
 operations on the same values in the same order (the two products and the sum are commutative in float32, and
@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import onnx
 
-from ..modules.quantized import DynamicQuantizedProduct
+from ..modules.common import constructor_arguments
+from ..modules.quantized import DynamicQuantizedProduct, QLinearConv
 from ..node import Converted
+from ..torch_compat import buffer_dict
 from . import Fusion, GraphView, attribute, register_pattern
 
 _STANDARD = ("", "ai.onnx")
@@ -68,14 +70,45 @@ def dynamic_quantized_product(view: GraphView):
         relu = _op(relu, "Relu") and len(relu.input) == 1
         if relu:
             nodes.append(view.only_consumer(nodes[-1].output[0]))
+        pool = _pool_after(view, nodes[-1]) if _op(product, "ConvInteger") else None
+        nodes += [pool] if pool else []
         names = (quantizer.input[0], inputs[1], inputs[3] or None, _other(scales, quantizer.output[1]), bias)
         yield Fusion("dynamic_quantized_product", f"dynamic quantized {product.op_type}", nodes,
                      [name for name in names if name], [nodes[-1].output[0]],
-                     lambda ctx, product=product, names=names, relu=relu: _convert(ctx, product, *names, relu))
+                     lambda ctx, product=product, names=names, relu=relu, pool=pool: _convert(ctx, product, *names,
+                                                                                             relu, pool))
+
+
+def _pool_after(view: GraphView, node: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The MaxPool without indices that alone reads ``node``'s output (a convolution's), if one does."""
+    pool = view.only_consumer(node.output[0])
+    return pool if _op(pool, "MaxPool") and len([o for o in pool.output if o]) == 1 and pool.output[0] else None
 
 
 def _convert(ctx, product: onnx.NodeProto, x: str, weight: str, zero_point: str | None, scale: str,
-             bias: str | None, relu: bool) -> Converted:
+             bias: str | None, relu: bool, pool: onnx.NodeProto | None) -> Converted:
     integer = ctx.convert(product).module  # the MatMulInteger or ConvInteger module, its attributes checked
     constants = [ctx.constant(name) if name else None for name in (weight, zero_point, scale, bias)]
-    return Converted(DynamicQuantizedProduct(integer, *constants, relu=relu), [x])
+    pooling = None if pool is None else ctx.convert(pool).module
+    return Converted(DynamicQuantizedProduct(integer, *constants, relu=relu, pool=pooling), [x])
+
+
+@register_pattern("pooled_qlinear_conv")
+def pooled_qlinear_conv(view: GraphView):
+    """QLinearConv -> MaxPool (onnxruntime's QOperator CNNs: the Relu folded into the conv's output range): one
+    module, the convolution's native call pooling its output (the same integers: the pooling compares them)."""
+    for conv in view.nodes:
+        if _op(conv, "QLinearConv") and (pool := _pool_after(view, conv)) is not None:
+            yield Fusion("pooled_qlinear_conv", "pooled QLinearConv", [conv, pool],
+                         [name for name in conv.input if name], [pool.output[0]],
+                         lambda ctx, conv=conv, pool=pool: _convert_pooled(ctx, conv, pool))
+
+
+def _convert_pooled(ctx, conv: onnx.NodeProto, pool: onnx.NodeProto) -> Converted:
+    converted = ctx.convert(conv)  # QLinearConv's module, its attributes checked and its constants folded
+    args, kwargs = constructor_arguments(converted.module)
+    if converted.module.folded:  # the folded constants themselves (the recorded arguments hold stubs of large ones)
+        buffers = buffer_dict(converted.module)
+        kwargs = {**kwargs, "constants": {name: buffers[name] for name in QLinearConv.FOLDED}}
+    module = QLinearConv(*args, **{**kwargs, "pool": ctx.convert(pool).module})
+    return Converted(module, converted.inputs)

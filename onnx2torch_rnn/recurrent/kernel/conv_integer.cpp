@@ -19,13 +19,14 @@
 //       float32(acc) * (x_scale * scale[m]) [+ bias[m]] per output channel m, each step rounded (scale [1] or [M],
 //       bias [M] float32), then 0 in place of a negative value with Relu (NaN kept, as torch.relu). numbers: int64
 //       [1 for Relu, group, kernel, strides, pads (begins, ends), dilations] (per spatial axis; kept per input shape)
+//       [+ a MaxPool's numbers: the output max-pooled as qlinear.cpp's max_pool pools it]
 //   qlinear_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
 //                Tensor numbers) -> Tensor
 //       QLinearConv: conv_integer's exact sums (weights packed alike) plus the int32 bias [M] (wrapping), requantized
 //       as MlasRequantizeOutput per output channel (multiplier [1] or [M] float32) to uint8 or int8. numbers: int64
 //       [x_zero, y_zero, 1 for an int8 output (else uint8), group, kernel, strides, pads (begins, ends), dilations]
 //       (per spatial axis; one tensor the module keeps per input shape: lists are boxed at every call, a tensor is
-//       passed as it is)
+//       passed as it is) [+ a MaxPool's numbers, as dynamic_quantized_conv's]
 //
 // im2col and an integer product: a tile of output positions gathers its inputs (uint8; int8 shifted by 128) from
 // x padded with its zero point, as rows of taps, times each group's weight panels with the zero points as row and
@@ -258,19 +259,46 @@ std::vector<int64_t> slice(const int64_t* numbers, int64_t first, int64_t count)
 
 // The geometry of x [N, C, 1-3 spatial axes] convolved into M channels as `numbers` gives it from `first` on: [group,
 // kernel, strides, pads (begins, ends), dilations] per spatial axis (one int64 tensor the caller keeps per input
-// shape: lists are boxed at every call, a tensor is passed as it is); the group too.
+// shape: lists are boxed at every call, a tensor is passed as it is), then optionally a MaxPool's numbers for the
+// convolution's output ([kernel, strides, begins, out, dilations] per spatial axis: `pool` points to them, else null);
+// the group too.
 Geometry numbered_geometry(const Tensor& x, const Tensor& numbers, int64_t first, int64_t M, int64_t& group,
-                           const char* op) {
-  const int64_t rank = x.dim() - 2;
+                           const int64_t*& pool, const char* op) {
+  const int64_t rank = x.dim() - 2, count = first + 1 + 5 * rank;
   CHECK_VALUE(rank >= 1 && rank <= 3 && numbers.scalar_type() == ScalarType::Long && numbers.is_contiguous() &&
-                  numbers.numel() == first + 1 + 5 * rank,
-              op, ": x [N, C, 1-3 spatial axes] and ", first + 1 + 5 * rank, " int64 numbers expected");
+                  (numbers.numel() == count || numbers.numel() == count + 5 * rank),
+              op, ": x [N, C, 1-3 spatial axes] and ", count, " int64 numbers (", count + 5 * rank,
+              " with a MaxPool) expected");
   const int64_t* n = numbers.const_data_ptr<int64_t>() + first;
   group = n[0];
+  pool = numbers.numel() == count ? nullptr : n + 1 + 5 * rank;
   std::vector<int64_t> weight_shape{M, x.size(1) / std::max<int64_t>(group, 1)};
   for (int64_t d = 0; d < rank; ++d) weight_shape.push_back(n[1 + d]);
   return geometry(x, weight_shape, slice(n, 1 + rank, rank), slice(n, 1 + 2 * rank, 2 * rank),
                   slice(n, 1 + 4 * rank, rank), group);
+}
+
+// The op's output of type T: what convolve(y) writes to y [N, M, *s.out], or that max-pooled as `pool` says (MaxPool's
+// numbers, or null for none; the convolution then goes to a buffer first).
+template <typename T, typename Convolve>
+Tensor convolved(const Tensor& x, int64_t M, const Geometry& s, const int64_t* pool, ScalarType dtype,
+                 Convolve convolve) {
+  if (!pool) {
+    Tensor out = allocate(output_shape(x, M, s), dtype);
+    convolve(static_cast<T*>(out.mutable_data_ptr()));
+    return out;
+  }
+  const int64_t rank = x.dim() - 2, planes = x.size(0) * M;
+  const MaxPool pooling(pool, rank, s.out);
+  std::vector<T> full(planes * pooling.plane());
+  convolve(full.data());
+  std::vector<int64_t> shape{x.size(0), M};
+  for (int64_t a = 3 - rank; a < 3; ++a) shape.push_back(pooling.out[a]);
+  Tensor out = allocate(shape, dtype);
+  T* y = static_cast<T*>(out.mutable_data_ptr());
+  for (int64_t plane = 0; plane < planes; ++plane)
+    pooling(full.data() + plane * pooling.plane(), y + plane * pooling.positions());
+  return out;
 }
 
 Tensor dynamic_quantized_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& column_sums,
@@ -283,7 +311,8 @@ Tensor dynamic_quantized_conv_cpu(const Tensor& x, const Tensor& panels, const T
   CHECK_VALUE((scale.numel() == 1 || scale.numel() == M) && (!bias || bias->numel() == M),
               "dynamic_quantized_conv: a scale (one or per output channel) and a bias per output channel expected");
   int64_t group = 1;
-  const Geometry s = numbered_geometry(x, numbers, 1, M, group, "dynamic_quantized_conv");
+  const int64_t* pool = nullptr;
+  const Geometry s = numbered_geometry(x, numbers, 1, M, group, pool, "dynamic_quantized_conv");
   const bool relu = numbers.const_data_ptr<int64_t>()[0] != 0;
   const Weights weights =
       packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "dynamic_quantized_conv");
@@ -299,18 +328,17 @@ Tensor dynamic_quantized_conv_cpu(const Tensor& x, const Tensor& panels, const T
   const float* add = bias ? bias->const_data_ptr<float>() : nullptr;
 
   const int64_t positions = s.out[0] * s.out[1] * s.out[2];
-  Tensor out = allocate(output_shape(x, M, s), ScalarType::Float);
-  float* y = out.mutable_data_ptr<float>();
-  convolve(q.data(), false, p.zero_point, weights, s, N, C, M, group,
-           [&](int64_t n, int64_t m0, int64_t position, I acc, int count) {
-             for (int l = 0; l < count; ++l) {
-               const int64_t m = m0 + l;
-               float value = static_cast<float>(acc[l]) * factor[m];
-               value = add ? value + add[m] : value;
-               y[(n * M + m) * positions + position] = relu && value < 0.0f ? 0.0f : value;
-             }
-           });
-  return out;
+  return convolved<float>(x, M, s, pool, ScalarType::Float, [&](float* y) {
+    convolve(q.data(), false, p.zero_point, weights, s, N, C, M, group,
+             [&](int64_t n, int64_t m0, int64_t position, I acc, int count) {
+               for (int l = 0; l < count; ++l) {
+                 const int64_t m = m0 + l;
+                 float value = static_cast<float>(acc[l]) * factor[m];
+                 value = add ? value + add[m] : value;
+                 y[(n * M + m) * positions + position] = relu && value < 0.0f ? 0.0f : value;
+               }
+             });
+  });
 }
 
 
@@ -350,27 +378,23 @@ Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& col
   CHECK_VALUE((multiplier.numel() == 1 || multiplier.numel() == M) && (!bias || bias->numel() == M),
               "qlinear_conv: a multiplier (one or per output channel) and a bias per output channel expected");
   int64_t group = 1;
-  const Geometry s = numbered_geometry(x, numbers, 3, M, group, "qlinear_conv");  // after x_zero, y_zero, int8
+  const int64_t* pool = nullptr;
+  const Geometry s = numbered_geometry(x, numbers, 3, M, group, pool, "qlinear_conv");  // after x_zero, y_zero, int8
   const int64_t* n = numbers.const_data_ptr<int64_t>();
   const int64_t N = x.size(0), C = x.size(1), positions = s.out[0] * s.out[1] * s.out[2];
   const Weights weights = packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "qlinear_conv");
   const ScalarType dtype = n[2] ? ScalarType::Char : ScalarType::Byte;
-  Tensor out = allocate(output_shape(x, M, s), dtype);
   auto run = [&](auto type) {
     using T = decltype(type);
     const Requantize<T> requantize(multiplier, bias, M, n[1]);
-    T* y = static_cast<T*>(out.mutable_data_ptr());
-    convolve(x.const_data_ptr(), x.scalar_type() == ScalarType::Char, static_cast<int32_t>(n[0]), weights, s, N, C,
-             M, group, [&](int64_t image, int64_t m0, int64_t p, I acc, int count) {
-               requantize(acc, m0, count, y + image * M * positions + p, positions);
-             });
+    return convolved<T>(x, M, s, pool, dtype, [&](T* y) {
+      convolve(x.const_data_ptr(), x.scalar_type() == ScalarType::Char, static_cast<int32_t>(n[0]), weights, s, N, C,
+               M, group, [&](int64_t image, int64_t m0, int64_t p, I acc, int count) {
+                 requantize(acc, m0, count, y + image * M * positions + p, positions);
+               });
+    });
   };
-  if (dtype == ScalarType::Char) {
-    run(int8_t{});
-  } else {
-    run(uint8_t{});
-  }
-  return out;
+  return dtype == ScalarType::Char ? run(int8_t{}) : run(uint8_t{});
 }
 
 }  // namespace

@@ -25,8 +25,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "config.h"  // CHECK_VALUE
@@ -373,6 +375,75 @@ void products(const Quantized& rows, int64_t M, int64_t K, bool columns, const i
     }
   }
 }
+
+// ---- max pooling (qlinear.cpp's max_pool; conv_integer.cpp's convolutions with a MaxPool after them) ---------------
+
+// The taps of output o along one axis: k in [lo, hi) reads o · stride - begin + k · dilation, inside [0, size).
+struct AxisTaps {
+  int64_t size = 1, kernel = 1, stride = 1, begin = 0, dilation = 1;
+
+  int64_t start(int64_t o) const { return o * stride - begin; }
+  void range(int64_t o, int64_t& lo, int64_t& hi) const {
+    const int64_t at = start(o);
+    lo = 0;
+    while (lo < kernel && at + lo * dilation < 0) ++lo;
+    hi = lo;
+    while (hi < kernel && at + hi * dilation < size) ++hi;
+  }
+};
+
+// MaxPool without indices over planes of three spatial axes (missing ones of size 1): each window's largest tap inside
+// the plane, from the type's lowest value (what onnxruntime reads in the padding); a NaN tap stays the window's value
+// (as torch's max pooling).
+struct MaxPool {
+  AxisTaps axes[3];
+  int64_t out[3] = {1, 1, 1};
+
+  // numbers: [kernel, strides, begins, out, dilations] per spatial axis of `rank`; in: the plane's three sizes
+  MaxPool(const int64_t* numbers, int64_t rank, const int64_t (&in)[3]) {
+    for (int a = 3 - static_cast<int>(rank); a < 3; ++a) {
+      const int64_t d = a - (3 - rank);
+      axes[a] = {in[a], numbers[d], numbers[rank + d], numbers[2 * rank + d], numbers[4 * rank + d]};
+      out[a] = numbers[3 * rank + d];
+      CHECK_VALUE(out[a] >= 0 && axes[a].dilation >= 1 && axes[a].kernel >= 1 && axes[a].stride >= 1,
+                  "max_pool: kernel, strides, dilations >= 1 and output sizes >= 0 expected");
+    }
+  }
+  int64_t positions() const { return out[0] * out[1] * out[2]; }
+  int64_t plane() const { return axes[0].size * axes[1].size * axes[2].size; }
+  int64_t taps() const { return axes[0].kernel * axes[1].kernel * axes[2].kernel; }
+
+  template <typename T>
+  void operator()(const T* src, T* to) const {  // one plane
+    const AxisTaps &a0 = axes[0], &a1 = axes[1], &a2 = axes[2];
+    int64_t lo[3], hi[3];
+    for (int64_t o0 = 0; o0 < out[0]; ++o0) {
+      a0.range(o0, lo[0], hi[0]);
+      for (int64_t o1 = 0; o1 < out[1]; ++o1) {
+        a1.range(o1, lo[1], hi[1]);
+        for (int64_t o2 = 0; o2 < out[2]; ++o2) {
+          a2.range(o2, lo[2], hi[2]);
+          T m = std::numeric_limits<T>::lowest();
+          for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
+            for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
+              const T* row = src + ((a0.start(o0) + k0 * a0.dilation) * a1.size + a1.start(o1) + k1 * a1.dilation) *
+                                       a2.size + a2.start(o2);
+              for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) {
+                const T v = row[k2 * a2.dilation];
+                if constexpr (std::is_floating_point_v<T>) {
+                  m = v > m || std::isnan(v) ? v : m;  // NaN: kept (nothing is larger than it)
+                } else {
+                  m = v > m ? v : m;
+                }
+              }
+            }
+          }
+          *to++ = m;
+        }
+      }
+    }
+  }
+};
 
 // ---- MLAS's activations ---------------------------------------------------------------------------------------------
 

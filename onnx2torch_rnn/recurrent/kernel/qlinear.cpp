@@ -336,20 +336,6 @@ Tensor qlinear_average_pool_cpu(const Tensor& x, const Tensor& numbers, double x
   return out;
 }
 
-// The taps of output o along one axis: k in [lo, hi) reads o · stride - begin + k · dilation, inside [0, size).
-struct AxisTaps {
-  int64_t size, kernel, stride, begin, dilation;
-
-  int64_t start(int64_t o) const { return o * stride - begin; }
-  void range(int64_t o, int64_t& lo, int64_t& hi) const {
-    const int64_t at = start(o);
-    lo = 0;
-    while (lo < kernel && at + lo * dilation < 0) ++lo;
-    hi = lo;
-    while (hi < kernel && at + hi * dilation < size) ++hi;
-  }
-};
-
 // Calls f(begin, end) over [0, count): in parallel (torch's thread pool) where the work (`cost` per item) is worth
 // it, else here (a parallel_for costs about a microsecond).
 template <typename Fn>
@@ -367,55 +353,19 @@ Tensor max_pool_cpu(const Tensor& x, const Tensor& numbers) {
   const int64_t rank = x.dim() - 2;
   CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous(), "max_pool: contiguous x [N, C, 1-3 spatial axes] expected");
   n.expect(5 * rank, "max_pool");
-  int64_t out[3];
-  AxisTaps axes[3];
+  int64_t in[3];
+  for (int a = 0; a < 3; ++a) in[a] = a >= 3 - rank ? x.size(2 + a - (3 - rank)) : 1;
+  const int8::MaxPool pool(n.p, rank, in);
   std::vector<int64_t> shape{x.size(0), x.size(1)};
-  for (int a = 0; a < 3; ++a) {
-    const int64_t d = a - (3 - rank);
-    out[a] = n.axis(3 * rank, rank, a, 1);
-    axes[a] = {d >= 0 ? x.size(2 + d) : 1, n.axis(0, rank, a, 1), n.axis(rank, rank, a, 1), n.axis(2 * rank, rank, a, 0),
-               n.axis(4 * rank, rank, a, 1)};
-    CHECK_VALUE(out[a] >= 0 && axes[a].dilation >= 1, "max_pool: output sizes >= 0 and dilations >= 1 expected");
-    if (d >= 0) shape.push_back(out[a]);
-  }
+  for (int a = 3 - static_cast<int>(rank); a < 3; ++a) shape.push_back(pool.out[a]);
   Tensor y = output(shape, x.scalar_type());
-  const AxisTaps &a0 = axes[0], &a1 = axes[1], &a2 = axes[2];
-  const int64_t plane = a0.size * a1.size * a2.size, positions = out[0] * out[1] * out[2];
+  const int64_t plane = pool.plane(), positions = pool.positions();
   auto run = [&](auto type) {
     using T = decltype(type);
     const T* q = static_cast<const T*>(x.const_data_ptr());
     T* dst = static_cast<T*>(y.mutable_data_ptr());
-    maybe_parallel(x.size(0) * x.size(1), positions * a0.kernel * a1.kernel * a2.kernel, [&](int64_t begin, int64_t end) {
-      for (int64_t image = begin; image < end; ++image) {
-        const T* src = q + image * plane;
-        T* to = dst + image * positions;
-        int64_t lo[3], hi[3];
-        for (int64_t o0 = 0; o0 < out[0]; ++o0) {
-          a0.range(o0, lo[0], hi[0]);
-          for (int64_t o1 = 0; o1 < out[1]; ++o1) {
-            a1.range(o1, lo[1], hi[1]);
-            for (int64_t o2 = 0; o2 < out[2]; ++o2) {
-              a2.range(o2, lo[2], hi[2]);
-              T m = std::numeric_limits<T>::lowest();
-              for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
-                for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
-                  const T* row = src + ((a0.start(o0) + k0 * a0.dilation) * a1.size + a1.start(o1) +
-                                        k1 * a1.dilation) * a2.size + a2.start(o2);
-                  for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) {
-                    const T v = row[k2 * a2.dilation];
-                    if constexpr (std::is_floating_point_v<T>) {
-                      m = v > m || std::isnan(v) ? v : m;  // NaN: kept (nothing is larger than it)
-                    } else {
-                      m = v > m ? v : m;
-                    }
-                  }
-                }
-              }
-              *to++ = m;
-            }
-          }
-        }
-      }
+    maybe_parallel(x.size(0) * x.size(1), positions * pool.taps(), [&](int64_t begin, int64_t end) {
+      for (int64_t image = begin; image < end; ++image) pool(q + image * plane, dst + image * positions);
     });
   };
   if (x.scalar_type() == ScalarType::Float) {
