@@ -299,3 +299,33 @@ def test_qlinear_matmul_add_falls_back():
     for operand in (ints(g, torch.uint8, (3, 4)), ints(g, torch.int8, (4,))):
         module = q.QLinearMatMulAdd(q.QLinearMatMul(constants=constants), q.QLinearAdd(parameters), operand, 0)
         assert module.swap is None
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize(("shapes", "axis"), [([(2, 3, 4), (2, 5, 4)], 1), ([(3, 4), (3, 2), (3, 1)], -1),
+                                              ([(1, 2, 6)], 0), ([(4, 2, 3), (1, 2, 3)], 0)])
+@pytest.mark.parametrize("copied", ["none", "first", "all"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_quantize_concat_dequantize(monkeypatch, dtype, shapes, axis, copied, transposed):
+    """QuantizeLinear of each input -> QLinearConcat -> (Transpose ->) DequantizeLinear in one call
+    (quantize_concat_dequantize) against the modules: values on rounding ties, past the type's range, NaN; inputs
+    copied by the concat (its scale and zero point) or requantized by tables."""
+    from onnx2torch_rnn.modules.shape import Transpose
+
+    g = torch.Generator().manual_seed(len(shapes) + transposed)
+    y_scale, y_zero = scales(g), zero_point(g, dtype)
+    parameters = [(y_scale, y_zero) if copied == "all" or (copied == "first" and i == 0) else
+                  (scales(g), zero_point(g, dtype)) for i in range(len(shapes))]
+    quantizers = [q.QuantizeLinear(output_dtype=dtype, constants=p) for p in parameters]
+    same = tuple(q.QLinearConcat.copies(*p, y_scale, y_zero) for p in parameters)
+    tables = tuple(q.QLinearConcat.table(*p, y_scale, y_zero) for p in parameters)
+    concat = q.QLinearConcat(axis, same, None if all(same) else tables)
+    view = Transpose(list(reversed(range(len(shapes[0]))))) if transposed else None
+    module = q.QuantizeConcatDequantize(quantizers, concat, q.DequantizeLinear(constants=(y_scale, y_zero)), view)
+    assert module.numbers is not None
+    xs = []
+    for shape, (scale, _) in zip(shapes, parameters, strict=True):
+        x = torch.randint(-300, 300, shape, generator=g) * scale / 2  # halves of a step: ties
+        x.view(-1)[0] = float("nan")
+        xs.append(x.float())
+    outputs(monkeypatch, "quantize_concat_dequantize", [lambda: module(*xs)])

@@ -28,7 +28,7 @@ from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
 from .common import Module, attributes_repr, kept_geometry
 from .nn import AveragePool, Conv, MaxPool, _window_counts, pad
-from .shape import broadcast_sizes
+from .shape import Transpose, broadcast_sizes
 
 _NATIVE = torch.ops.onnx2torch_rnn  # the native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp, qlinear.cpp)
 # Their packed weights (int8_matrix_pack, conv_weight_pack, dynamic_quantize_lstm_pack) are kept in recurrent/op.py's
@@ -1255,6 +1255,52 @@ class QLinearConcat(Module):
         return f"axis={self.axis}" + ("" if self.same is None else f", same={self.same}")
 
 
+class QuantizeConcatDequantize(Module):
+    """QuantizeLinear of each input -> QLinearConcat -> DequantizeLinear, each value read by the next alone
+    (passes/qlinear.py): in eager CPU inference one native call (quantize_concat_dequantize: each input quantized as
+    its QuantizeLinear does, then the float value that the concat's table and the DequantizeLinear give that
+    integer), where the quantizations are folded per tensor into one 8-bit type, the concat's inputs all copied or
+    by tables and the DequantizeLinear folded per tensor to float32; else the modules as built. ``view``: a module
+    of the one output (a Transpose between the concat and the DequantizeLinear: it moves values only), or None."""
+
+    def __init__(self, quantizers: list[Module], concat: Module, dequantizer: Module, view: Module | None = None):
+        super().__init__()
+        self.quantizers, self.concat = torch.nn.ModuleList(quantizers), concat
+        self.dequantizer, self.view = dequantizer, view
+        numbers = [getattr(q, "numbers", None) for q in quantizers]
+        dtypes = {getattr(q, "output_dtype", None) for q in quantizers}
+        usable = (all(type(q) is QuantizeLinear for q in quantizers) and None not in numbers and len(dtypes) == 1
+                  and dtypes <= set(BYTES) and type(concat) is QLinearConcat and concat.same is not None
+                  and type(dequantizer) is DequantizeLinear and dequantizer.numbers is not None)
+        tables = [t for t in buffer_dict(concat).values() if t is not None] if usable else []
+        # every input copied (no tables) or each copied or by a table of the quantized type
+        usable = usable and (concat.count == len(quantizers) or (concat.count == 0 and all(concat.same))) and all(
+            t.dtype in dtypes and t.numel() == 256 for t in tables)
+        self.numbers = torch.cat(numbers) if usable and (view is None or type(view) is Transpose) else None
+        self.dtype = dtypes.pop() if usable else None
+        self.axis, self.transposed = concat.axis, view is not None  # read at every call: plain attributes
+
+    def forward(self, *xs: Tensor) -> Tensor:
+        if self.numbers is None or not all(x.dtype == torch.float32 for x in xs) or not native(xs[0]):
+            parts = [part for q, x in zip(self.quantizers, xs, strict=True) for part in (q(x, None, None), None, None)]
+            y = self.concat(None, None, *parts)
+            return self.dequantizer(y if self.view is None else self.view(y), None, None)
+        concat, dequantizer = self._modules["concat"], self._modules["dequantizer"]
+        tables = [buffer_dict(concat)[name] for name in concat.native_tables or ()]
+        tables = kept_values(self, [*tables, *buffer_dict(dequantizer).values()], self._tables)
+        y = _NATIVE.quantize_concat_dequantize.default(list(xs), self.numbers, tables, self.axis)
+        return self._modules["view"].forward(y) if self.transposed else y  # on the float values: it moves them only
+
+    def _tables(self, *values: Tensor | None) -> Tensor:
+        """[inputs, 256] float32: the value each integer of each input ends as (concat's table, or its copy, then
+        the DequantizeLinear's float32 arithmetic)."""
+        low, high = integer_range(self.dtype)
+        identity = torch.arange(low, high + 1).to(self.dtype)
+        tables = values[:-2] or [None] * len(self.quantizers)
+        stacked = torch.stack([identity if t is None else t.reshape(-1) for t in tables])
+        return dequantize(stacked, *values[-2:]).contiguous()
+
+
 def _gemm_multiplier(alpha: float, a_scale, b_scale, y_scale=None, **_):
     multiplier = torch.tensor(alpha, dtype=torch.float32) * a_scale.float() * b_scale.float()
     return multiplier if y_scale is None else multiplier / y_scale.float()
@@ -1751,5 +1797,6 @@ def _flip(q: Tensor) -> Tensor:
 # and its float64 or Python-loop forms would not be what onnxruntime runs); Q/DQ modules export as float arithmetic.
 INTEGER_OPS = (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv, DynamicQuantizeMatMul, MatMulIntegerToFloat,
                QLinearAdd, QLinearMatMulAdd, QLinearMul, QLinearLookup, QLinearGlobalAveragePool, QLinearAveragePool,
-               QLinearSoftmax, QLinearConcat, QGemm, DynamicQuantizeLSTM, DynamicQuantizedProduct, AsUint8)
+               QLinearSoftmax, QLinearConcat, QuantizeConcatDequantize, QGemm, DynamicQuantizeLSTM,
+               DynamicQuantizedProduct, AsUint8)
 

@@ -571,3 +571,34 @@ def test_qlinear_matmul_then_constant_add_in_one_native_call(monkeypatch, dtype,
         module = check(model, {"a": integers(dtype, (2, 4, 9))}, rtol=0, atol=0)
     assert [type(m) for m in module.children()] == [quantized.QLinearMatMulAdd]
     assert "qlinear_matmul_add" in spy.called
+
+
+@pytest.mark.parametrize("dtype", BYTES)
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_quantized_inputs_concatenated_and_dequantized_in_one_native_call(monkeypatch, dtype, shared, transposed):
+    """QuantizeLinear of each float input -> QLinearConcat -> (Transpose ->) DequantizeLinear (passes/qlinear.py: one
+    QuantizeConcatDequantize module, one call of the native quantize_concat_dequantize), inputs on rounding ties:
+    onnxruntime's four or five ops bit for bit. ``shared``: the first input has the output's scale and zero point."""
+    if not kernel.load("int8"):
+        pytest.skip("no native kernel")
+    values = {"ys": scalar(0.05), "yz": integers(dtype, ())}
+    nodes, names, feeds = [], ["ys", "yz"], {}
+    for index, shape in enumerate([(4, 2, 3), (4, 2, 5)]):
+        same = shared and index == 0
+        values[f"s{index}"] = values["ys"] if same else scalar(RNG.uniform(0.01, 0.2))
+        values[f"z{index}"] = values["yz"] if same else integers(dtype, ())
+        feeds[f"x{index}"] = (RNG.integers(-400, 400, shape) * values[f"s{index}"] / 2).astype(np.float32)
+        nodes.append(helper.make_node("QuantizeLinear", [f"x{index}", f"s{index}", f"z{index}"], [f"q{index}"]))
+        names += [f"q{index}", f"s{index}", f"z{index}"]
+    nodes.append(helper.make_node("QLinearConcat", names, ["c"], domain=MS, axis=-1))
+    if transposed:
+        nodes.append(helper.make_node("Transpose", ["c"], ["t"], perm=[1, 0, 2]))
+    nodes.append(helper.make_node("DequantizeLinear", ["t" if transposed else "c", "ys", "yz"], ["y"]))
+    model = make_model(nodes, [(name, np.float32, x.shape) for name, x in feeds.items()],
+                       [("y", np.float32, (2, 4, 8) if transposed else (4, 2, 8))], values, 17, {MS: 1})
+    spy = OpSpy()
+    monkeypatch.setattr(quantized, "_NATIVE", spy)
+    module = check(model, feeds, rtol=0, atol=0)
+    assert [type(m) for m in module.children()] == [quantized.QuantizeConcatDequantize]
+    assert "quantize_concat_dequantize" in spy.called

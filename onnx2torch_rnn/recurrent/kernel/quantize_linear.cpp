@@ -14,6 +14,11 @@
 //   quantize_dequantize_linear(Tensor x, Tensor numbers) -> Tensor
 //       a QuantizeLinear read only by a DequantizeLinear, in one pass: numbers [quantize_linear's three,
 //       dequantize_linear's two], float32 out (the same numbers as the two ops)
+//   quantize_concat_dequantize(Tensor[] xs, Tensor numbers, Tensor tables, int axis) -> Tensor
+//       QuantizeLinear of each float32 x (numbers: quantize_linear's three per input, 8-bit types), QLinearConcat
+//       and DequantizeLinear in one pass: row i of tables (float32 [len(xs), 256]) holds what the last two give
+//       input i's integers (lowest first); the inputs concatenated along axis (one rank, the same sizes but along
+//       axis)
 //
 // Strided inputs (a transposed or broadcast view) are read through their strides; outputs are contiguous. Built
 // against PyTorch's stable ABI (int8.h): raw pointers, no tensor op by name.
@@ -203,18 +208,73 @@ Tensor quantize_dequantize_linear_cpu(const Tensor& x, const Tensor& numbers) {
   return out;
 }
 
+Tensor quantize_concat_dequantize_cpu(const std::vector<Tensor>& xs, const Tensor& numbers, const Tensor& tables,
+                                      int64_t axis) {
+  const int64_t count = static_cast<int64_t>(xs.size());
+  CHECK_VALUE(count >= 1 && tables.scalar_type() == ScalarType::Float && tables.is_contiguous() &&
+                  tables.numel() == 256 * count, "quantize_concat_dequantize: float32 tables [inputs, 256] expected");
+  const int64_t* n = numbers_of(numbers, 3 * count, "quantize_concat_dequantize");
+  std::vector<int64_t> shape = int8::sizes_of(xs[0]);
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  axis = axis < 0 ? axis + rank : axis;
+  CHECK_VALUE(rank >= 1 && axis >= 0 && axis < rank, "quantize_concat_dequantize: axis ", axis, " out of range");
+  shape[axis] = 0;
+  for (const Tensor& x : xs) {
+    CHECK_VALUE(x.scalar_type() == ScalarType::Float && x.dim() == rank,
+                "quantize_concat_dequantize: float32 inputs of one rank expected");
+    for (int64_t d = 0; d < rank; ++d)
+      CHECK_VALUE(d == axis || x.size(d) == shape[d], "quantize_concat_dequantize: the inputs' sizes differ off "
+                  "the axis");
+    shape[axis] += x.size(axis);
+  }
+  Tensor out = allocate(shape, ScalarType::Float);
+  int64_t inner = 1;  // values per unit of the axis
+  for (int64_t d = axis + 1; d < rank; ++d) inner *= shape[d];
+  const int64_t row = shape[axis] * inner;  // output values per outer block
+  float* y = out.mutable_data_ptr<float>();
+  int64_t offset = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const Numbers p = numbers_at(n + 3 * i, true);
+    const int64_t chunk = xs[i].size(axis) * inner;
+    const float* table = tables.const_data_ptr<float>() + 256 * i;
+    std::vector<float> buffer;
+    const float* src = dense_values(xs[i], buffer);
+    auto run = [&](auto type) {
+      using T = decltype(type);
+      const int32_t lowest = std::numeric_limits<T>::min();
+      quantize<T>(src, xs[i].numel(), p.scale, p.zero,
+                  [&](int64_t j, const int8::I& u, int64_t values) {
+                    for (int64_t l = 0; l < values; ++l) {
+                      const int64_t k = j + l;  // x's index: block k / chunk, k % chunk within it
+                      y[(k / chunk) * row + offset + k % chunk] = table[u[l] - lowest];
+                    }
+                  });
+    };
+    if (p.type == 0) {
+      run(uint8_t{});
+    } else {
+      CHECK_VALUE(p.type == 1, "quantize_concat_dequantize: 8-bit types expected, got ", p.type);
+      run(int8_t{});
+    }
+    offset += chunk;
+  }
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("quantize_linear(Tensor x, Tensor numbers) -> Tensor");
   m.def("dequantize_linear(Tensor q, Tensor numbers) -> Tensor");
   m.def("quantize_dequantize_linear(Tensor x, Tensor numbers) -> Tensor");
+  m.def("quantize_concat_dequantize(Tensor[] xs, Tensor numbers, Tensor tables, int axis) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("quantize_linear", TORCH_BOX(&quantize_linear_cpu));
   m.impl("dequantize_linear", TORCH_BOX(&dequantize_linear_cpu));
   m.impl("quantize_dequantize_linear", TORCH_BOX(&quantize_dequantize_linear_cpu));
+  m.impl("quantize_concat_dequantize", TORCH_BOX(&quantize_concat_dequantize_cpu));
 }
 
 }  // namespace onnx2torch_rnn
