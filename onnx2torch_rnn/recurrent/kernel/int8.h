@@ -283,10 +283,13 @@ inline int32_t quantize(const float* v, int64_t size, Parameters p, uint8_t* q) 
     for (int l = 0; l < L; ++l) bytes[l] = static_cast<uint8_t>(u[l]);
     std::memcpy(q + j, &bytes, L);
   }
-  for (; j < size; ++j) {  // the last values one by one (a vector load past the end would read beyond v)
-    const int32_t u = convert(splat(v[j]))[0];
-    sums[0] += u;
-    q[j] = static_cast<uint8_t>(u);
+  if (j < size) {  // the last values as one partial vector (a vector load past the end would read beyond v)
+    const int n = static_cast<int>(size - j);
+    const I u = convert(load(v + j, n));
+    for (int l = 0; l < n; ++l) {
+      sums[l] += u[l];
+      q[j + l] = static_cast<uint8_t>(u[l]);
+    }
   }
   int32_t sum = 0;
   for (int l = 0; l < L; ++l) sum += sums[l];
