@@ -298,7 +298,8 @@ def _quantized_layer(generator, rng: random.Random, size: int, direction: str, h
 @pytest.mark.parametrize("lengths", ["none", "given", "constant"])
 def test_the_quantized_stack_op_takes_every_stack_argument(flags, steps, batch, lengths):
     """A StackedRecurrent of DynamicQuantizeLSTM layers (a hidden size off or on the 16-unit blocks, random weights,
-    initial states as rows of the inputs, lengths given at run time or every layer's constant ones) is one call of
+    initial states as rows of the inputs, a view among them, lengths given at run time or every layer's constant
+    ones) is one call of
     dynamic_quantize_lstm_stack in eager inference, which gives bit for bit what the layers' modules give (a hook on
     a layer forces that path); float64 x runs the layers' Python path."""
     from onnx2torch_rnn.recurrent import StackedRecurrent
@@ -311,10 +312,12 @@ def test_the_quantized_stack_op_takes_every_stack_argument(flags, steps, batch, 
     layers = [_quantized_layer(generator, rng, 3, "bidirectional", hidden, outputs=[True, True, True], **constant),
               _quantized_layer(generator, rng, 2 * hidden, "forward", hidden, outputs=[True, True, True], **constant),
               _quantized_layer(generator, rng, hidden, "reverse", hidden, outputs=[True, True, True], **constant)]
-    stack = StackedRecurrent(layers, initial_h=[(0, 0, 2), None, (0, 2, 3)], initial_c=[(1, None, None), None, None],
-                             outputs=(True, True, True), lengths=lengths == "given", **flags).eval()
+    stack = StackedRecurrent(layers, initial_h=[(0, 0, 2), None, (0, -1, None)],
+                             initial_c=[(1, None, None), None, None], outputs=(True, True, True),
+                             lengths=lengths == "given", **flags).eval()
     x = torch.randn((batch, steps, 3) if flags.get("batch_first") else (steps, batch, 3), generator=generator)
-    args = [x, torch.randn(3, batch, hidden, generator=generator), torch.randn(2, batch, hidden, generator=generator)]
+    args = [x, torch.randn(4, batch, hidden, generator=generator)[1:],  # a view: rows read past its offset
+            torch.randn(2, batch, hidden, generator=generator)]
     args += [lens] if lengths == "given" else []
     calls = []
     spy = lambda *a, _run=q._run_stack: calls.append(1) or _run(*a)  # noqa: E731

@@ -23,7 +23,7 @@ from torch import Tensor
 from ..recurrent import kernel
 from ..recurrent.cells import Cell, decode
 from ..recurrent.module import Recurrent, StackOps
-from ..recurrent.op import PACKS, _checked, _owned, output_shapes
+from ..recurrent.op import PACKS, _checked, _owned, output_shapes, state_numbers
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
 from .common import Module, attributes_repr, kept_geometry
@@ -1682,16 +1682,16 @@ class DynamicQuantizeLSTM(Recurrent):
 
 def _pack_stack(weights: list, counts: list[int], configs: tuple[str, ...], key: tuple) -> tuple[Tensor, Tensor] | None:
     """dynamic_quantize_lstm_stack's packed weights (every layer's ``_pack``, one after the other: each a multiple of
-    64 bytes) and numbers (the stack's four flags, then where each layer's weights start); None without the
-    kernel."""
+    64 bytes) and numbers (the stack's four flags, then per layer where its weights start and its states'
+    ``state_numbers``); None without the kernel."""
     if not kernel.loaded("int8"):
         return None
-    packs, starts, start = [], [], 0
-    for config, count in zip(configs, counts, strict=True):
-        starts.append(sum(p.numel() for p in packs))
+    packs, numbers, start = [], [*map(int, key[1:5])], 0
+    for config, count, rows in zip(configs, counts, state_numbers(*key[5:]), strict=True):
+        numbers += (sum(p.numel() for p in packs), *rows)
         packs.append(_pack(weights[start:start + count], config))
         start += count
-    return torch.cat(packs), torch.tensor([*map(int, key[1:]), *starts], dtype=torch.int64)
+    return torch.cat(packs), torch.tensor(numbers, dtype=torch.int64)
 
 
 def _run_stack(x: Tensor, packed: Tensor, numbers: Tensor, lengths: Tensor | None, states: list):

@@ -54,9 +54,9 @@ class StackOps:
     """How one native stack op runs a StackedRecurrent's layers of one kind (``StackedRecurrent._native``):
     ``forward`` the layer forward it computes (a layer whose class overrides it runs on its own), ``pack(weights,
     counts, configs, key)`` its packed weights and numbers (``weights`` the layers' ``stack_sources`` in turn, None
-    where absent; ``counts`` how many each layer has; ``key`` float64 and the stack's four flags; None where the
-    kernel is not loaded), ``run(x, packed, numbers, lengths, states)`` the op: (y, h_n, c_n); ``dtypes`` the x
-    dtypes it takes (None: any)."""
+    where absent; ``counts`` how many each layer has; ``key`` float64, the stack's four flags, its initial_h and
+    initial_c; None where the kernel is not loaded), ``run(x, packed, numbers, lengths, states)`` the op: (y, h_n,
+    c_n), ``states`` the stack's state inputs; ``dtypes`` the x dtypes it takes (None: any)."""
 
     forward: Callable
     pack: Callable
@@ -72,7 +72,7 @@ def _pack_float_stack(weights: list[Tensor | None], counts: list[int], configs: 
         present += own
         kept.append(len(own))
         start += count
-    return op.pack_stack(present, tuple(kept), configs, key[0], key[1:])
+    return op.pack_stack(present, tuple(kept), configs, key[0], key[1:5], op.state_numbers(*key[5:]))
 
 
 def _run_float_stack(*args):
@@ -299,11 +299,11 @@ class StackedRecurrent(Module):
 
     def forward(self, x: Tensor, *states: Tensor):
         lengths = states[-1] if self.lengths else None
-        stateless = not (any(self.initial_h) or any(self.initial_c))  # a stack without initial states: no lists
-        initial_h = self.initial_h if stateless else [_rows(states, where) for where in self.initial_h]
-        initial_c = self.initial_c if stateless else [_rows(states, where) for where in self.initial_c]
-        results = self._native(x, lengths, initial_h, initial_c, stateless)
+        sources = states[:-1] if self.lengths else states
+        results = self._native(x, lengths, sources)
         if results is None:
+            initial_h = [_rows(states, where) for where in self.initial_h]
+            initial_c = [_rows(states, where) for where in self.initial_c]
             results = self._layer_by_layer(x, lengths, initial_h, initial_c)
         outputs = self.outputs
         if len(outputs) == 1:
@@ -372,15 +372,14 @@ class StackedRecurrent(Module):
             h_n, c_n = h_n[-directions:], None if c_n is None else c_n[-directions:]
         return y.transpose(0, 1) if self.batch_first_output else y, h_n, c_n
 
-    def _native(self, x: Tensor, lengths: Tensor | None, initial_h: list, initial_c: list,
-                stateless: bool) -> tuple | None:
+    def _native(self, x: Tensor, lengths: Tensor | None, sources: tuple[Tensor, ...]) -> tuple | None:
         """(y, h_n, c_n) by the native stack op (op.py: recurrent_stack), the same computation as
         ``_layer_by_layer``, in eager inference on the native kernel, where the Python around each layer (its call,
         the transpositions between layers) costs as much as its kernel at batch 1. None (``_layer_by_layer`` runs)
         unless that is the same computation (``_NativeStack`` decides what it can once per set of layers): no layer
         with hooks (they still run), nothing that needs a gradient, the layers' own constant lengths (if any) all
-        the same, the first layer's directions reading the same steps of x (its window). ``stateless``: no layer
-        has initial states (the lists hold Nones)."""
+        the same, the first layer's directions reading the same steps of x (its window). ``sources``: the stack's
+        state inputs, whose rows the op reads itself (a slice in Python costs a microsecond)."""
         if torch.compiler.is_compiling() or not x.is_cpu or torch.jit.is_tracing():
             return None
         layers = tuple(self._modules["layers"]._modules.values())  # not self.layers: nn.Module's lookup is slow
@@ -392,7 +391,7 @@ class StackedRecurrent(Module):
         if not plan.usable or any(map(has_forward_hooks, layers)):
             return None
         weights = [own[name] for own, name in plan.sources]
-        if torch.is_grad_enabled() and needs_grad((x, *weights, *initial_h, *initial_c)):  # no tuple without grad
+        if torch.is_grad_enabled() and needs_grad((x, *weights, *sources)):  # no tuple without grad
             return None
         ops = plan.ops
         if ops.dtypes is not None and x.dtype not in ops.dtypes:
@@ -408,12 +407,12 @@ class StackedRecurrent(Module):
             if window is None:
                 return None
             x, batch_first = x[window[0]:window[1]], False
-        key = (x.dtype == torch.float64, batch_first, self.batch_first_output, self.merge_output, self.last_states)
+        key = (x.dtype == torch.float64, batch_first, self.batch_first_output, self.merge_output, self.last_states,
+               self.initial_h, self.initial_c)
         made = plan.kept.get(weights, key, lambda: ops.pack(weights, plan.counts, plan.configs, key))
         if made is None:
             return None
-        given = [] if stateless else [s for pair in zip(initial_h, initial_c, strict=True) for s in pair]
-        return ops.run(x, *made, lengths, given)
+        return ops.run(x, *made, lengths, sources)
 
     @staticmethod
     def _layer_module(layer: Recurrent, x: Tensor, lengths, initial_h, initial_c) -> tuple:

@@ -232,24 +232,38 @@ _LIBRARY.impl("recurrent_differentiable", lambda *args: torch.ops.onnx2torch_rnn
 
 # StackedRecurrent's eager inference on the native kernel (module.py): the whole stack of layout-0 layers without
 # masks in one call, on what ``pack_stack`` makes once per version of the weights (kernel/recurrent.cpp says what the
-# arguments hold): few arguments, as each boxed one costs a batch-1 call about a microsecond. ``states``: empty, or
-# every layer's initial_h and initial_c in turn. Returns y, h_n, c_n (None where the layers do not compute them).
+# arguments hold): few arguments, as each boxed one costs a batch-1 call about a microsecond. ``states``: the stack's
+# state inputs (empty without initial states), whose rows each layer reads as ``numbers`` say (``state_numbers``).
+# Returns y, h_n, c_n (None where the layers do not compute them).
 _LIBRARY.define("recurrent_stack(Tensor X, Tensor packed, Tensor numbers, Tensor? sequence_lens, Tensor?[] states) "
                 "-> (Tensor, Tensor, Tensor)")
 
 
+NO_BOUND = -(2**63)  # kernel/empty.h: kNoBound, a slice bound of None
+
+
+def state_numbers(initial_h: tuple, initial_c: tuple) -> list[list[int]]:
+    """Per layer, where the stack ops read its initial states (kernel/empty.h: stack_states): for initial_h, then
+    initial_c, StackedRecurrent's (k, start, end) as three numbers (None bounds as NO_BOUND), or -1, 0, 0 for none."""
+    def three(where):
+        return [-1, 0, 0] if where is None else [where[0], *(NO_BOUND if b is None else b for b in where[1:])]
+
+    return [three(h) + three(c) for h, c in zip(initial_h, initial_c, strict=True)]
+
+
 def pack_stack(weights: list[Tensor], counts: tuple[int, ...], configs: tuple[str, ...], float64: bool,
-               flags: tuple[bool, ...]) -> tuple[Tensor, Tensor]:
+               flags: tuple[bool, ...], states: list[list[int]]) -> tuple[Tensor, Tensor]:
     """The stack op's ``packed`` and ``numbers``: ``weights`` every layer's in turn, ``counts`` how many each layer
     takes, ``configs`` the layers' configs, ``flags`` StackedRecurrent's batch_first, batch_first_output,
-    merge_output and last_states. Checks the weights as recurrent_pack does (their errors are the op's)."""
+    merge_output and last_states, ``states`` ``state_numbers``'. Checks the weights as recurrent_pack does (their
+    errors are the op's)."""
     packs, numbers, offset, start = [], [*map(int, flags)], 0, 0
     try:
-        for config, count in zip(configs, counts, strict=True):
+        for config, count, rows in zip(configs, counts, states, strict=True):
             number = config_number(config)
             tensor, hidden, input_size = _PACK(weights[start:start + count], number, float64)
             packs.append(tensor)
-            numbers += (number, hidden, input_size, offset)
+            numbers += (number, hidden, input_size, offset, *rows)
             offset += tensor.numel()
             start += count
     except RuntimeError as error:

@@ -505,23 +505,23 @@ Tensor joined(const std::vector<Tensor>& per_layer) {
 // call, as recurrent_stack (recurrent.cpp) runs float layers: at batch 1 the Python around each layer costs more than
 // its work. `packed` holds every layer's packed weights (dynamic_quantize_lstm_pack's, each a multiple of 64 bytes)
 // one after the other; `numbers` (int64, made once per stack in Python) the flags batch_first, batch_first_output,
-// merge_output, last_states, then per layer where its weights start in `packed`; `states` is empty (no initial
-// states) or holds each layer's initial_h and initial_c (or None) in turn. X float32 (each layer's Y is the next
-// one's X in float32, as the layers' own calls give it). Returns y, h_n, c_n (None where the layers do not compute
-// them: no tensor to make); each layer writes its Y where the next one (or the caller) reads it: no transposition.
+// merge_output, last_states, then per layer where its weights start in `packed` and where its initial states lie
+// (six values: empty.h, stack_states) in `states`, the stack's state inputs (empty: none). X float32 (each layer's Y
+// is the next one's X in float32, as the layers' own calls give it). Returns y, h_n, c_n (None where the layers do
+// not compute them: no tensor to make); each layer writes its Y where the next one (or the caller) reads it: no
+// transposition.
 std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor& X, const Tensor& packed,
                                                                    const Tensor& numbers,
                                                                    const std::optional<Tensor>& sequence_lens,
                                                                    const std::vector<std::optional<Tensor>>& states) {
-  constexpr int64_t kFlags = 4;
+  constexpr int64_t kFlags = 4, kPerLayer = 7;
   CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.dim() == 1 && numbers.is_contiguous() &&
-                  numbers.numel() > kFlags,
-              "dynamic_quantize_lstm_stack: numbers must be int64 [4 + layers]");
+                  numbers.numel() > kFlags && (numbers.numel() - kFlags) % kPerLayer == 0,
+              "dynamic_quantize_lstm_stack: numbers must be int64 [4 + 7 * layers]");
   const int64_t* at = numbers.const_data_ptr<int64_t>();
   const bool batch_first = at[0], batch_first_output = at[1], merge_output = at[2], last_states = at[3];
-  const size_t count = numbers.numel() - kFlags;
-  CHECK_VALUE(states.empty() || states.size() == 2 * count,
-              "dynamic_quantize_lstm_stack: no initial states or two per layer");
+  const size_t count = (numbers.numel() - kFlags) / kPerLayer;
+  const std::vector<std::optional<Tensor>> initial = stack_states(states, at + kFlags + 1, count, kPerLayer);
   CHECK_VALUE(X.scalar_type() == ScalarType::Float, "dynamic_quantize_lstm_stack: X must be float32");
   CHECK_VALUE(X.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
   const uint8_t* bytes = packed_bytes(packed);
@@ -540,16 +540,14 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor&
   const float* input = batch_first ? rows.data() : x.const_data_ptr<float>();
   int64_t width = X.size(2);
   std::vector<int64_t> lens;
-  const std::optional<Tensor> none;
   std::vector<Tensor> h_n, c_n;
   for (size_t l = 0; l < count; ++l) {
-    const int64_t offset = at[kFlags + l];
+    const int64_t offset = at[kFlags + kPerLayer * l];
     CHECK_VALUE(offset >= 0 && offset < packed.numel(), "dynamic_quantize_lstm_stack: a layer past the packed weights");
     const Node node(bytes + offset, packed.numel() - offset);
     const Config& c = node.c;
     const int64_t D = c.directions, H = node.layout.hidden;
-    const std::optional<Tensor>& h0 = states.empty() ? none : states[2 * l];
-    const std::optional<Tensor>& c0 = states.empty() ? none : states[2 * l + 1];
+    const std::optional<Tensor>&h0 = initial[2 * l], &c0 = initial[2 * l + 1];
     node.check_input(width);
     node.check_states(h0, c0, batch);
     if (l == 0) lens = lengths(sequence_lens, steps, batch);  // after X's checks, as per layer

@@ -1226,23 +1226,22 @@ Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
 // layers' work. `packed` holds every layer's packed weights one after the other (recurrent_pack's), `numbers`
 // (int64, made once per stack in Python: each boxed argument costs a batch-1 call about a microsecond) the flags
 // batch_first, batch_first_output, merge_output, last_states, then per layer its config's number (layout 0, no
-// mask), hidden and input sizes and where its weights start in `packed`; `states` is empty (no initial states) or
-// holds each layer's initial_h and initial_c (or None) in turn. Returns y, h_n, c_n (None where the layers do not
-// compute them: no tensor to make). A batch-first X is read as it is, and each layer writes its Y where the next one (or the caller)
-// reads it: no transposition.
+// mask), hidden and input sizes, where its weights start in `packed` and where its initial states lie (six values:
+// empty.h, stack_states) in `states`, the stack's state inputs (empty: none). Returns y, h_n, c_n (None where the
+// layers do not compute them: no tensor to make). A batch-first X is read as it is, and each layer writes its Y
+// where the next one (or the caller) reads it: no transposition.
 std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(const Tensor& X, const Tensor& packed, const Tensor& numbers,
                                                        const std::optional<Tensor>& sequence_lens,
                                                        const std::vector<std::optional<Tensor>>& states) {
   const OneThread one;
-  constexpr int64_t kFlags = 4, kPerLayer = 4;
+  constexpr int64_t kFlags = 4, kPerLayer = 10;
   CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.dim() == 1 && numbers.is_contiguous() &&
                   numbers.numel() > kFlags && (numbers.numel() - kFlags) % kPerLayer == 0,
-              "recurrent_stack: numbers must be int64 [4 + 4 * layers]");
+              "recurrent_stack: numbers must be int64 [4 + 10 * layers]");
   const int64_t* at = numbers.const_data_ptr<int64_t>();
   const bool batch_first = at[0], batch_first_output = at[1], merge_output = at[2], last_states = at[3];
   const size_t count = (numbers.numel() - kFlags) / kPerLayer;
-  CHECK_VALUE(states.empty() || states.size() == 2 * count, "recurrent_stack: no initial states or two per layer");
-  const std::optional<Tensor> none;
+  const std::vector<std::optional<Tensor>> initial = stack_states(states, at + kFlags + 4, count, kPerLayer);
   Tensor x = X;
   bool swapped = batch_first && X.dim() == 3;  // x is [N, T, I] where the layers take [T, N, I]
   std::vector<int64_t> lens;
@@ -1250,13 +1249,12 @@ std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(const Tensor& X, const Te
   std::vector<Tensor> h_n, c_n;
   const Config* first = nullptr;
   for (size_t l = 0; l < count; ++l) {
-    const int64_t* layer = at + kFlags + kPerLayer * l;  // config, hidden, input, offset
+    const int64_t* layer = at + kFlags + kPerLayer * l;  // config, hidden, input, offset, the states' rows
     const Config& c = NumberedConfigs::get().at(layer[0]);
     first = first ? first : &c;
     CHECK_VALUE(c.layout == 0 && c.mask_output < 0, "recurrent_stack: layers are layout 0 without a mask");
     const int64_t hidden = layer[1];
-    const std::optional<Tensor>& h0 = states.empty() ? none : states[2 * l];
-    const std::optional<Tensor>& c0 = states.empty() ? none : states[2 * l + 1];
+    const std::optional<Tensor>&h0 = initial[2 * l], &c0 = initial[2 * l + 1];
     check_inputs(c, x, hidden, layer[2], h0, c0, swapped);
     const int64_t steps = x.size(swapped ? 1 : 0), batch = x.size(swapped ? 0 : 1);
     if (l == 0) lens = partial_lengths(sequence_lens, steps, batch);  // after X's checks, as per layer
