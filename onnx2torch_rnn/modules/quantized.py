@@ -1439,7 +1439,7 @@ class IntegerProducts:
     def project(self, xs: Tensor, W: Tensor, lens: Tensor | None) -> Tensor:
         """xs [D, T, N, I] (reversed where a direction runs backwards), W [D, gH, I]: [D, T * N, gH]."""
         directions, steps, batch, size = xs.shape
-        longest = steps if lens is None else int(lens.max())
+        longest = steps if lens is None or lens.numel() == 0 else int(lens.max())  # max() refuses an empty batch
         scale, zero_point = dynamic_parameters(xs[0, :longest])  # reversing a row keeps its values: one range
         x = quantize_int8(xs, scale, zero_point).reshape(directions, steps * batch, size)
         weights = self.prepare(W, self.w_zero_point, False)
@@ -1464,7 +1464,11 @@ class StateProduct:
 
     def __call__(self, h: Tensor) -> Tensor:
         """dynamic_parameters and quantize_int8 per direction, in fewer steps (the same float32 operations)."""
-        low, high = torch.aminmax(h.reshape(h.shape[0], 1, -1), dim=-1, keepdim=True)  # [D, 1, 1]
+        flat = h.reshape(h.shape[0], 1, -1)
+        if flat.shape[-1] == 0:  # an empty batch (aminmax refuses empty rows): nothing to quantize
+            low = high = flat.new_zeros(flat.shape[0], 1, 1)
+        else:
+            low, high = torch.aminmax(flat, dim=-1, keepdim=True)  # [D, 1, 1]
         low, high = low.clamp(max=0), high.clamp(min=0)
         scale = torch.where(high == low, 1.0, (high - low) / 255)
         zero_point = torch.round((0 - low / scale).clamp(0, 255))
