@@ -24,6 +24,7 @@ from .shape import ints
 CONV = MappingProxyType({1: F.conv1d, 2: F.conv2d, 3: F.conv3d})
 CONV_TRANSPOSE = MappingProxyType({1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d})
 MAX_POOL = MappingProxyType({1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d})
+_FLAT_GATHER = 1 << 16  # output elements up to which nearest Resize keeps a flat index of the whole output
 _NATIVE_POOL = frozenset((torch.float32, torch.uint8, torch.int8))  # the native kernel's max_pool
 
 
@@ -972,10 +973,14 @@ class Resize(Module):
     def forward(self, x, roi=None, scales=None, sizes=None):
         if (roi is None and scales is None and sizes is None and self.mode == "nearest"
                 and self.coordinate_transformation_mode != "tf_crop_and_resize" and eager()):
-            # static geometry: one gather per resized axis, its index kept per input size
+            # static geometry: one gather per resized axis, its index kept per input size; a small output in one
+            # gather of the whole tensor (torch.take: several times faster than index_select along an inner axis)
             key = (x.shape, x.device, torch.is_inference_mode_enabled())
+            gathers = kept_geometry(self, key, lambda: self._gathers(x))
+            if isinstance(gathers, torch.Tensor):
+                return torch.take(x, gathers)
             y = x
-            for axis, index in kept_geometry(self, key, lambda: self._gathers(x)):
+            for axis, index in gathers:
                 y = y.index_select(axis, index)
             return y
         # run-time values: only known here (an empty scales tensor means "use sizes")
@@ -1021,18 +1026,25 @@ class Resize(Module):
             y = torch.where(valid, y, torch.tensor(self.extrapolation_value, dtype=y.dtype, device=y.device))
         return y
 
-    def _gathers(self, x) -> list[tuple[int, torch.Tensor]]:
+    def _gathers(self, x) -> list[tuple[int, torch.Tensor]] | torch.Tensor:
         """(axis, source index) of each axis that nearest resizing with the static roi, scales and sizes changes
-        (none where no size changes: onnxruntime then returns the input as is)."""
+        (none where no size changes: onnxruntime then returns the input as is); for an output of up to
+        ``_FLAT_GATHER`` elements, the flat source index of every output element instead (shaped as the output)."""
         in_sizes = list(x.shape)
         out_sizes, factors = resize_geometry(in_sizes, self._scales32, ints(self.sizes, None), self.axes,
                                              self.keep_aspect_ratio_policy, self._ratios)
         if out_sizes == in_sizes:
             return []
         starts, ends = self._roi_bounds(x.dim(), self.roi)
-        return [(axis, self._axis_taps(in_sizes[axis], out_sizes[axis], factors[axis], starts[axis],
-                                       ends[axis])[0][:, 0].to(x.device))
-                for axis in range(x.dim()) if factors[axis] != 1]
+        gathers = [(axis, self._axis_taps(in_sizes[axis], out_sizes[axis], factors[axis], starts[axis],
+                                          ends[axis])[0][:, 0].to(x.device))
+                   for axis in range(x.dim()) if factors[axis] != 1]
+        if math.prod(out_sizes) > _FLAT_GATHER:
+            return gathers
+        flat = torch.arange(x.numel(), device=x.device).reshape(in_sizes)
+        for axis, index in gathers:
+            flat = flat.index_select(axis, index)
+        return flat
 
     def _roi_bounds(self, rank: int, roi) -> tuple[list[float], list[float]]:
         """Per axis (start, end) of the region of interest (0 and 1 where none)."""

@@ -797,6 +797,17 @@ def test_resize_nearest(opset, coordinate, scales, nearest_mode):
                          nearest_mode=nearest_mode))
 
 
+@pytest.mark.parametrize(("x_shape", "flat"), [((2, 3, 5, 7), True), ((1, 2, 100, 200), False)])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_resize_nearest_gathers(x_shape, flat, dtype):
+    """Static nearest resizing in eager calls: a small output is one gather of the whole tensor by a kept flat index
+    (torch.take), a large one a gather per resized axis; onnxruntime's values either way."""
+    x = RNG.integers(0, 255, x_shape).astype(dtype)
+    module = check(_resize_model(13, x_shape, scales=[1, 1, 2.0, 1.5], mode="nearest", dtype=dtype)[0], {"x": x})
+    (kept,) = next(m for m in module.modules() if isinstance(m, nn_modules.Resize)).__dict__["_geometries"].values()
+    assert isinstance(kept, torch.Tensor) == flat
+
+
 @pytest.mark.parametrize(("opset", "coordinate", "scales"), list(_resize_cases("linear")))
 @pytest.mark.parametrize("x_shape", [(2, 3, 5, 7), (5, 7)])
 def test_resize_linear(opset, coordinate, scales, x_shape):
