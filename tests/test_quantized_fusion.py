@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 import onnx2torch_rnn
 from onnx2torch_rnn.checking import run_onnxruntime
+from onnx2torch_rnn.modules import nn as nn_modules
 from onnx2torch_rnn.modules import quantized
 from onnx2torch_rnn.modules.quantized import DynamicQuantizedProduct
 from onnx2torch_rnn.recurrent import kernel
@@ -272,3 +273,47 @@ def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, po
             got, as_written = fused(torch.from_numpy(x)), literal(torch.from_numpy(x))
         assert torch.equal(got, as_written)
         np.testing.assert_array_equal(got.numpy(), run_onnxruntime(model, {"x": x})[0], strict=True)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize(("x_shape", "pads", "axes", "pool"), [
+    ((1, 3, 8, 8), [0, 0, 1, 1, 0, 0, 1, 1], None, {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((2, 2, 7, 9), [2, 0, 1, 3], [2, 3], {"kernel_shape": [3, 2], "strides": [2, 3]}),
+    ((1, 2, 10), [3, 1], [-1], {"kernel_shape": [3], "dilations": [2], "auto_pad": "VALID"}),
+    ((1, 2, 4, 5), [0, 0, 0, 0, 0, 0, 0, 0], None, {"kernel_shape": [2, 2]})])
+def test_padded_max_pool_is_onnxruntime_bit_for_bit(dtype, x_shape, pads, axes, pool, monkeypatch):
+    """A constant Pad of 8-bit values -> MaxPool as one MaxPool (passes/quantized.py) whose native call reads the
+    Pad's value outside its input: equal to onnxruntime and to the nodes converted as written, native or not (the
+    Pad then the pooling)."""
+    rng = np.random.default_rng(len(pads))
+    values = {"pads": np.array(pads, np.int64), "value": integers(dtype, (), rng=rng)}
+    names = ["x", "pads", "value"]
+    if axes is not None:
+        values["axes"] = np.array(axes, np.int64)
+        names.append("axes")
+    nodes = [helper.make_node("Pad", names, ["padded"]), helper.make_node("MaxPool", ["padded"], ["y"], **pool)]
+    model = make_model(nodes, [("x", dtype, x_shape)], ["y"], values, opset=18)
+    fused, literal = onnx2torch_rnn.convert(model), onnx2torch_rnn.convert(model, fuse=False)
+    assert [type(m).__name__ for m in fused.children()] == ["MaxPool"]
+    calls, native = [], nn_modules.native_max_pool
+    monkeypatch.setattr(nn_modules, "native_max_pool", lambda *args: calls.append(args[1].numel()) or native(*args))
+    with monkeypatch.context() as python:
+        python.setattr(nn_modules.kernel, "load", lambda *_: False)
+        reference = onnx2torch_rnn.convert(model)
+    for seed in range(3):
+        x = integers(dtype, x_shape, rng=np.random.default_rng(seed))
+        with torch.no_grad():
+            got, as_written, python_path = (m(torch.from_numpy(x)) for m in (fused, literal, reference))
+        assert torch.equal(got, as_written) and torch.equal(got, python_path)
+        np.testing.assert_array_equal(got.numpy(), run_onnxruntime(model, {"x": x})[0], strict=True)
+    if kernel.load("int8"):  # the fused pooling's native call has the fill
+        assert calls[0] == 5 * (len(x_shape) - 2) + 1, calls
+
+
+def test_a_pad_of_floats_before_max_pool_is_not_fused():
+    """Only 8-bit values: a float Pad -> MaxPool stays as written (torch's pooling takes the padded floats)."""
+    values = {"pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "value": np.float32(0.5)}
+    nodes = [helper.make_node("Pad", ["x", "pads", "value"], ["padded"]),
+             helper.make_node("MaxPool", ["padded"], ["y"], kernel_shape=[2, 2])]
+    model = make_model(nodes, [("x", np.float32, (1, 2, 4, 4))], ["y"], values, opset=18)
+    assert [type(m).__name__ for m in onnx2torch_rnn.convert(model).children()] == ["Pad", "MaxPool"]

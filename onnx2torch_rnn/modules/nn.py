@@ -311,13 +311,14 @@ def native_max_pool(x: torch.Tensor, numbers: torch.Tensor) -> torch.Tensor:
 
 class MaxPool(_Pool):
     """ONNX MaxPool; returns (Y, Indices) when ``indices`` is set. Indices count over the whole N x C x ... input,
-    in row-major (storage_order=0) or column-major (1) order of the spatial axes."""
+    in row-major (storage_order=0) or column-major (1) order of the spatial axes. ``padding``: (begins, ends, value)
+    of a constant Pad before it (passes/quantized.py fuses one), applied first."""
 
-    EXTRA = ("storage_order", "indices")
+    EXTRA = ("storage_order", "indices", "padding")
 
-    def __init__(self, kernel_shape, storage_order=0, indices=False, **attributes):
+    def __init__(self, kernel_shape, storage_order=0, indices=False, padding=None, **attributes):
         super().__init__(kernel_shape, **attributes)
-        self.storage_order, self.indices = storage_order, indices
+        self.storage_order, self.indices, self.padding = storage_order, indices, padding
 
     def forward(self, x):
         n = len(self.kernel_shape)
@@ -325,6 +326,8 @@ class MaxPool(_Pool):
             eager = self._eager(x)
             if eager is not None:
                 return eager
+        if self.padding is not None:
+            x = pad(x, self.padding[0], self.padding[1], value=self.padding[2])
         _, strides, dilations, begins, ends = self._geometry(x)
         dtype = x.dtype
         # what onnxruntime reads outside the input: the lowest value, not -inf
@@ -368,7 +371,8 @@ class MaxPool(_Pool):
             if kept[1] is not None:
                 return native_max_pool(x if x.is_contiguous() else x.contiguous(), kept[1])
         n = len(self.kernel_shape)
-        if not (x.dtype.is_floating_point or (n == 2 and x.dtype in (torch.uint8, torch.int8) and x.is_cpu)):
+        if self.padding is not None or not (x.dtype.is_floating_point or (
+                n == 2 and x.dtype in (torch.uint8, torch.int8) and x.is_cpu)):
             return None
         strides, dilations, begins, ends = self._geometry(x)[1:]  # kept per input shape
         if begins.count(0) + ends.count(0) < 2 * n:
@@ -381,11 +385,20 @@ class MaxPool(_Pool):
         where it does not fit: with indices, or some output size not positive: torch's pooling says why)."""
         if self.indices or len(self.kernel_shape) != x.dim() - 2:
             return None
+        fill, padded = [], [0] * x.dim()
+        if self.padding is not None:  # pooled as padded: where the pooling itself pads nothing (onnxruntime's lowest)
+            padded, ends, value = self.padding
+            if x.dtype.is_floating_point or self.ceil_mode or self.auto_pad not in ("NOTSET", "VALID") or any(
+                    self.pads or ()) or min(padded + ends) < 0 or any(padded[:2] + ends[:2]):
+                return None
+            x, fill = torch.empty([s + b + e for s, b, e in zip(x.shape, padded, ends, strict=True)], device="meta"), [
+                int(value)]
         geometry, strides, dilations, begins, _ = self._compute_geometry(x)
         outs = [out for _, _, out in geometry]
         if min(outs) < 1:
             return None
-        return torch.tensor([*self.kernel_shape, *strides, *begins, *outs, *dilations], dtype=torch.int64)
+        begins = [b + p for b, p in zip(begins, padded[2:], strict=True)]
+        return torch.tensor([*self.kernel_shape, *strides, *begins, *outs, *dilations, *fill], dtype=torch.int64)
 
 
 class AveragePool(_Pool):

@@ -396,14 +396,17 @@ struct AxisTaps {
 };
 
 // MaxPool without indices over planes of three spatial axes (missing ones of size 1): each window's largest tap inside
-// the plane, from the type's lowest value (what onnxruntime reads in the padding); a NaN tap stays the window's value
-// (as torch's max pooling).
+// the plane, from the type's lowest value (what onnxruntime reads in the padding), or from `fill` for a window that
+// reaches outside the plane where one is given (a constant Pad before the pooling: its padding reads that value); a
+// NaN tap stays the window's value (as torch's max pooling).
 struct MaxPool {
   AxisTaps axes[3];
   int64_t out[3] = {1, 1, 1};
+  const int64_t* fill = nullptr;
 
   // numbers: [kernel, strides, begins, out, dilations] per spatial axis of `rank`; in: the plane's three sizes
-  MaxPool(const int64_t* numbers, int64_t rank, const int64_t (&in)[3]) {
+  MaxPool(const int64_t* numbers, int64_t rank, const int64_t (&in)[3], const int64_t* fill_value = nullptr)
+      : fill(fill_value) {
     for (int a = 3 - static_cast<int>(rank); a < 3; ++a) {
       const int64_t d = a - (3 - rank);
       axes[a] = {in[a], numbers[d], numbers[rank + d], numbers[2 * rank + d], numbers[4 * rank + d]};
@@ -427,6 +430,8 @@ struct MaxPool {
         for (int64_t o2 = 0; o2 < out[2]; ++o2) {
           a2.range(o2, lo[2], hi[2]);
           T m = std::numeric_limits<T>::lowest();
+          if (fill && (hi[0] - lo[0] < a0.kernel || hi[1] - lo[1] < a1.kernel || hi[2] - lo[2] < a2.kernel))
+            m = static_cast<T>(*fill);
           for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
             for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
               const T* row = src + ((a0.start(o0) + k0 * a0.dilation) * a1.size + a1.start(o1) + k1 * a1.dilation) *

@@ -43,7 +43,8 @@
 //       MaxPool without indices on uint8, int8 or float32 x [N, C, 1-3 spatial] (modules/nn.py: MaxPool): each
 //       window's largest tap inside the input, from the type's lowest value (what onnxruntime reads in the padding);
 //       a NaN tap stays the window's value (as torch's max pooling, the reference). numbers: int64 [kernel,
-//       strides, begins, out, dilations] (per spatial axis; kept per input shape)
+//       strides, begins, out, dilations] (per spatial axis; kept per input shape) [+ fill, 8-bit x: the value a
+//       window reaching outside x starts from: a constant Pad before it, fused (modules/nn.py: MaxPool's padding)]
 //   qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor
 //       rows [R, L]: v = table[(q + top - max(row)) & 0xFF] (top 255, or 127 for int8), Σ v in order in float32,
 //       saturate(round_half_even(v * inverse / Σ) + y_zero)
@@ -352,10 +353,11 @@ Tensor max_pool_cpu(const Tensor& x, const Tensor& numbers) {
   const Numbers n(numbers, "max_pool");
   const int64_t rank = x.dim() - 2;
   CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous(), "max_pool: contiguous x [N, C, 1-3 spatial axes] expected");
-  n.expect(5 * rank, "max_pool");
+  CHECK_VALUE(n.size == 5 * rank || (n.size == 5 * rank + 1 && x.scalar_type() != ScalarType::Float),
+              "max_pool: ", 5 * rank, " numbers expected (one more, the fill, for 8-bit x), got ", n.size);
   int64_t in[3];
   for (int a = 0; a < 3; ++a) in[a] = a >= 3 - rank ? x.size(2 + a - (3 - rank)) : 1;
-  const int8::MaxPool pool(n.p, rank, in);
+  const int8::MaxPool pool(n.p, rank, in, n.size > 5 * rank ? n.p + 5 * rank : nullptr);
   std::vector<int64_t> shape{x.size(0), x.size(1)};
   for (int a = 3 - static_cast<int>(rank); a < 3; ++a) shape.push_back(pool.out[a]);
   Tensor y = output(shape, x.scalar_type());
