@@ -113,14 +113,18 @@ CONVS = [({"pads": [1, 1, 1, 1]}, (1, 3, 16, 16), (8, 3, 3, 3)), ({"strides": [2
 @pytest.mark.parametrize("types", [(torch.uint8, torch.int8), (torch.int8, torch.int8), (torch.uint8, torch.uint8)])
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("pooled", [False, True])
-def test_qlinear_conv(monkeypatch, attributes, x_shape, w_shape, types, per_channel, bias, pooled):
-    """``pooled``: a MaxPool after it (passes/quantized.py), in the native call with folded constants."""
+@pytest.mark.parametrize("after", [None, "pool", "lookup"])
+def test_qlinear_conv(monkeypatch, attributes, x_shape, w_shape, types, per_channel, bias, after):
+    """``after``: a MaxPool or a QLinearLookup after it (passes/quantized.py), in the native call with folded
+    constants."""
     g = torch.Generator().manual_seed(len(x_shape) + per_channel + 2 * bias)
-    if pooled:
-        rank = len(x_shape) - 2
+    rank, x_type = len(x_shape) - 2, types[0]
+    if after == "pool":
         attributes = {**attributes, "pool": MaxPool([2] * rank, pads=[1] * rank + [0] * rank, strides=[2] * rank,
                                                     ceil_mode=int(per_channel))}
+    elif after == "lookup":
+        parameters = (scales(g, (), 0.05, 0.3), zero_point(g, x_type), scales(g), zero_point(g, x_type))
+        attributes = {**attributes, "lookup": q.QLinearLookup("Sigmoid" if bias else "LeakyRelu", 0.1, parameters)}
     x_type, w_type = types
     channels = (w_shape[0],) if per_channel else ()
     constants = {"x_scale": scales(g), "x_zero_point": zero_point(g, x_type), "w": ints(g, w_type, w_shape),

@@ -252,9 +252,11 @@ def test_dynamic_quantize_lstm_glue_is_recognised_and_exact(name):
     ((2, 1, 8, 10), {"pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "strides": [2, 2]}),
     ((1, 3, 9, 7), {"strides": [1, 2]}, {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1}),
     ((2, 2, 11), {"pads": [2, 1]}, {"kernel_shape": [3], "dilations": [2], "strides": [2]})])
-def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, pool):
-    """QLinearConv -> MaxPool (QOperator CNNs) as one module (passes/quantized.py), the pooling in the native
-    convolution's call: equal to onnxruntime and to the nodes converted as written."""
+@pytest.mark.parametrize("after", ["MaxPool", "QLinearLeakyRelu", "QLinearSigmoid"])
+def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, pool, after):
+    """QLinearConv -> MaxPool, QLinearLeakyRelu or QLinearSigmoid (QOperator CNNs) as one module
+    (passes/quantized.py), the pooling or the activation's table in the native convolution's call: equal to
+    onnxruntime and to the nodes converted as written."""
     x_type, w_type = types
     rng = np.random.default_rng(len(x_shape))
     rank, channels = len(x_shape) - 2, 4
@@ -263,8 +265,12 @@ def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, po
               "wz": np.zeros(channels, w_type), "ys": np.float32(0.15), "yz": integers(x_type, (), rng=rng),
               "b": rng.integers(-500, 500, channels).astype(np.int32)}
     nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["c"], **conv),
-             helper.make_node("MaxPool", ["c"], ["y"], **pool)]
-    model = make_model(nodes, [("x", x_type, x_shape)], ["y"], values, opset=12)
+             helper.make_node("MaxPool", ["c"], ["y"], **pool) if after == "MaxPool" else helper.make_node(
+                 after, ["c", "ys", "yz", "as", "az"], ["y"], domain="com.microsoft",
+                 **({"alpha": 0.2} if after == "QLinearLeakyRelu" else {}))]
+    values.update({"as": np.float32(0.008 if after == "QLinearSigmoid" else 0.1), "az": integers(x_type, (), rng=rng)})
+    model = make_model(nodes, [("x", x_type, x_shape)], [("y", x_type, [None] * len(x_shape))], values, opset=12,
+                       extra_opsets={"com.microsoft": 1})
     fused, literal = onnx2torch_rnn.convert(model), onnx2torch_rnn.convert(model, fuse=False)
     assert [type(m).__name__ for m in fused.children()] == ["QLinearConv"]
     for seed in range(3):

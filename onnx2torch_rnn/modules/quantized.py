@@ -514,10 +514,11 @@ class QLinearConv(Conv, _Folded):
     FOLDED = ("x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B")
 
     def __init__(self, constants: dict[str, Tensor | None] | None = None, pool: MaxPool | None = None,
-                 **attributes):
+                 lookup: QLinearLookup | None = None, **attributes):
         super().__init__(**attributes)
         self.fold(constants, _conv_multiplier)
-        self.pool = pool  # a MaxPool after it (passes/quantized.py), the native call's with folded constants
+        # a MaxPool or a QLinearLookup after it (passes/quantized.py), in the native call with folded constants
+        self.pool, self.lookup = pool, lookup
 
     def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                 y_zero_point=None, B=None):
@@ -526,8 +527,11 @@ class QLinearConv(Conv, _Folded):
                                     lambda: self._numbers(x, self.folded_values({})[0], pooled=True))
             if numbers is not None:
                 operands = kept_operands(self, ("w", "w_zero_point", "multiplier", "B"), self._operands)
-                return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), *operands, numbers)
+                table = None if self.lookup is None else self.lookup.constant_table
+                return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), *operands, numbers,
+                                                    table)
         y = self._convolve(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B)
+        y = y if self.lookup is None else self.lookup(y)
         return y if self.pool is None else self.pool(y)
 
     def _convolve(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B):
@@ -539,7 +543,7 @@ class QLinearConv(Conv, _Folded):
         w, B, dtype = v["w"], v["B"], v["y_zero_point"].dtype
         if x.dtype in BYTES and native(x) and (numbers := self._numbers(x, v, multiplier, zero)) is not None:
             return _NATIVE.qlinear_conv.default(x.contiguous(), *self._operands(w, v["w_zero_point"], multiplier, B),
-                                                numbers)
+                                                numbers, None)
         acc = native_conv(self, x, w, v["x_zero_point"], v["w_zero_point"])  # int32
         if acc is None:
             acc = integer_conv(self, x, w, v["x_zero_point"], v["w_zero_point"]).double()
@@ -573,7 +577,9 @@ class QLinearConv(Conv, _Folded):
             return None
         geometry = self.geometry(x, w)
         pool = pooled_numbers(self.pool if pooled else None, x, w, *geometry)
-        if min(geometry[2] + geometry[3]) < 0 or pool is None:
+        table = None if self.lookup is None else self.lookup.constant_table
+        if min(geometry[2] + geometry[3]) < 0 or pool is None or (pooled and self.lookup is not None and (
+                self.pool is not None or table is None or table.dtype != dtype or not table.is_contiguous())):
             return None
         x_zero = 0 if x_zero_point is None else int(x_zero_point)
         return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), self.group, *conv_numbers(w, *geometry),

@@ -106,13 +106,34 @@ def pooled_qlinear_conv(view: GraphView):
                          lambda ctx, conv=conv, pool=pool: _convert_pooled(ctx, conv, pool))
 
 
+@register_pattern("looked_up_qlinear_conv")
+def looked_up_qlinear_conv(view: GraphView):
+    """QLinearConv -> com.microsoft QLinearLeakyRelu or QLinearSigmoid of constant scales and zero points (a
+    QOperator CNN's activation): one module, the convolution's native call looking its outputs up in the activation's
+    256-entry table (the same integers)."""
+    for conv in view.nodes:
+        lookup = view.only_consumer(conv.output[0]) if _op(conv, "QLinearConv") else None
+        if (lookup is not None and lookup.op_type in ("QLinearLeakyRelu", "QLinearSigmoid")
+                and lookup.domain == "com.microsoft" and lookup.input[0] == conv.output[0]
+                and all(view.is_constant(name) for name in lookup.input[1:] if name)
+                and any(lookup.input[2:5:2])):
+            yield Fusion("looked_up_qlinear_conv", "looked-up QLinearConv", [conv, lookup],
+                         [name for name in conv.input if name], [lookup.output[0]],
+                         lambda ctx, conv=conv, lookup=lookup: _convert_qlinear_conv(ctx, conv, "lookup", lookup))
+
+
 def _convert_pooled(ctx, conv: onnx.NodeProto, pool: onnx.NodeProto) -> Converted:
+    return _convert_qlinear_conv(ctx, conv, "pool", pool)
+
+
+def _convert_qlinear_conv(ctx, conv: onnx.NodeProto, role: str, after: onnx.NodeProto) -> Converted:
+    """QLinearConv's module with the module of the node ``after`` it as its ``role`` (pool or lookup)."""
     converted = ctx.convert(conv)  # QLinearConv's module, its attributes checked and its constants folded
     args, kwargs = constructor_arguments(converted.module)
     if converted.module.folded:  # the folded constants themselves (the recorded arguments hold stubs of large ones)
         buffers = buffer_dict(converted.module)
         kwargs = {**kwargs, "constants": {name: buffers[name] for name in QLinearConv.FOLDED}}
-    module = QLinearConv(*args, **{**kwargs, "pool": ctx.convert(pool).module})
+    module = QLinearConv(*args, **{**kwargs, role: ctx.convert(after).module})
     return Converted(module, converted.inputs)
 
 

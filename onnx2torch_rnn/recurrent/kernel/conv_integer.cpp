@@ -21,12 +21,13 @@
 //       [1 for Relu, group, kernel, strides, pads (begins, ends), dilations] (per spatial axis; kept per input shape)
 //       [+ a MaxPool's numbers: the output max-pooled as qlinear.cpp's max_pool pools it]
 //   qlinear_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
-//                Tensor numbers) -> Tensor
+//                Tensor numbers, Tensor? table) -> Tensor
 //       QLinearConv: conv_integer's exact sums (weights packed alike) plus the int32 bias [M] (wrapping), requantized
 //       as MlasRequantizeOutput per output channel (multiplier [1] or [M] float32) to uint8 or int8. numbers: int64
 //       [x_zero, y_zero, 1 for an int8 output (else uint8), group, kernel, strides, pads (begins, ends), dilations]
 //       (per spatial axis; one tensor the module keeps per input shape: lists are boxed at every call, a tensor is
-//       passed as it is) [+ a MaxPool's numbers, as dynamic_quantized_conv's]
+//       passed as it is) [+ a MaxPool's numbers, as dynamic_quantized_conv's]; table: 256 values of the output type
+//       or None: each output y becomes table[y - lowest] (a QLinearLeakyRelu / QLinearSigmoid after it, fused)
 //
 // im2col and an integer product: a tile of output positions gathers its inputs (uint8; int8 shifted by 128) from
 // x padded with its zero point, as rows of taps, times each group's weight panels with the zero points as row and
@@ -350,10 +351,13 @@ struct Requantize {
   std::vector<int32_t> bias;      // per channel, zeros past M (or none)
   std::vector<float> multiplier;  // per channel, padded to whole vectors
   float low, high, zero;
+  const T* table = nullptr;  // the output looked up: table[y - lowest] (or none)
 
-  Requantize(const Tensor& m, const std::optional<Tensor>& b, int64_t M, int64_t zero_point)
+  Requantize(const Tensor& m, const std::optional<Tensor>& b, int64_t M, int64_t zero_point,
+             const std::optional<Tensor>& lookup)
       : bias(M + L, 0), multiplier(M + L, 0.0f), low(static_cast<float>(std::numeric_limits<T>::min() - zero_point)),
         high(static_cast<float>(std::numeric_limits<T>::max() - zero_point)), zero(static_cast<float>(zero_point)) {
+    if (lookup) table = static_cast<const T*>(lookup->const_data_ptr());
     const float* mp = m.const_data_ptr<float>();
     for (int64_t j = 0; j < M; ++j) {
       multiplier[j] = mp[m.numel() == 1 ? 0 : j];
@@ -367,16 +371,25 @@ struct Requantize {
     v = !(v >= low) ? splat(low) : v;
     v = v > high ? splat(high) : v;
     const I q = __builtin_convertvector(round_even(v) + zero, I);
-    for (int l = 0; l < count; ++l) y[(m0 + l) * stride] = static_cast<T>(q[l]);
+    if (table) {
+      for (int l = 0; l < count; ++l) y[(m0 + l) * stride] = table[q[l] - std::numeric_limits<T>::min()];
+    } else {
+      for (int l = 0; l < count; ++l) y[(m0 + l) * stride] = static_cast<T>(q[l]);
+    }
   }
 };
 
 Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& column_sums, const Tensor& offsets,
-                        const Tensor& multiplier, const std::optional<Tensor>& bias, const Tensor& numbers) {
+                        const Tensor& multiplier, const std::optional<Tensor>& bias, const Tensor& numbers,
+                        const std::optional<Tensor>& table) {
   // dtypes and contiguity as the caller (modules/quantized.py: QLinearConv) checked them; the layout's size re-checked
   const int64_t M = offsets.numel();
   CHECK_VALUE((multiplier.numel() == 1 || multiplier.numel() == M) && (!bias || bias->numel() == M),
               "qlinear_conv: a multiplier (one or per output channel) and a bias per output channel expected");
+  CHECK_VALUE(!table || (table->numel() == 256 && table->is_contiguous() &&
+                         table->scalar_type() == (numbers.const_data_ptr<int64_t>()[2] ? ScalarType::Char
+                                                                                       : ScalarType::Byte)),
+              "qlinear_conv: a table of 256 values of the output type expected");
   int64_t group = 1;
   const int64_t* pool = nullptr;
   const Geometry s = numbered_geometry(x, numbers, 3, M, group, pool, "qlinear_conv");  // after x_zero, y_zero, int8
@@ -386,7 +399,7 @@ Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& col
   const ScalarType dtype = n[2] ? ScalarType::Char : ScalarType::Byte;
   auto run = [&](auto type) {
     using T = decltype(type);
-    const Requantize<T> requantize(multiplier, bias, M, n[1]);
+    const Requantize<T> requantize(multiplier, bias, M, n[1], table);
     return convolved<T>(x, M, s, pool, dtype, [&](T* y) {
       convolve(x.const_data_ptr(), x.scalar_type() == ScalarType::Char, static_cast<int32_t>(n[0]), weights, s, N, C,
                M, group, [&](int64_t image, int64_t m0, int64_t p, I acc, int count) {
@@ -406,7 +419,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("dynamic_quantized_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, "
         "Tensor? bias, Tensor numbers) -> Tensor");
   m.def("qlinear_conv(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias, "
-        "Tensor numbers) -> Tensor");
+        "Tensor numbers, Tensor? table) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
