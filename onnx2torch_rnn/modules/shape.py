@@ -85,6 +85,8 @@ class Reshape(_Attributes):
     def forward(self, data, shape=None):
         if shape is None and self._plain:
             return data.reshape(self.shape)
+        if type(shape) is list and not self.allowzero and eager() and 0 not in shape:  # sizes as ints (a CRNN's)
+            return data.reshape(shape)
         shape = ints(self.shape, shape)
         if not self.allowzero:  # 0 copies the input's dimension; -1 is left for torch to infer
             shape = [data.shape[i] if torch_compat.is_zero(s) else s for i, s in enumerate(shape)]
