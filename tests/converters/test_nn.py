@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -300,6 +302,20 @@ def test_max_pool_native(dtype, attributes, x_shape, monkeypatch):
             want = onnx2torch_rnn.convert(model)(torch.from_numpy(x))
     assert len(calls) == 2 and torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_max_pool_large_float_maps_use_torch(monkeypatch):
+    """A float32 map of more than nn._NATIVE_FLOAT_POOL_VALUES values pools through torch (vectorised: faster than
+    the native kernel's loop there), equal to onnxruntime; test_max_pool_native: smaller ones native."""
+    calls, native = [], nn_modules.native_max_pool
+    monkeypatch.setattr(nn_modules, "native_max_pool", lambda *args: calls.append(1) or native(*args))
+    x_shape = (1, 2, 48, 48)
+    assert math.prod(x_shape) > nn_modules._NATIVE_FLOAT_POOL_VALUES
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    module = check(*_node_model("MaxPool", x_shape, 12, kernel_shape=[2, 2], strides=[2, 2]))
+    with torch.no_grad():
+        module(torch.from_numpy(x))
+    assert calls == []
 
 
 @pytest.mark.parametrize(("opset", "attributes", "x_shape"), list(_pool_cases("AveragePool")))
