@@ -17,7 +17,7 @@ LIBRARIES = (("recurrent", ("recurrent.cpp",)),
                        "qlinear.cpp")))
 SOURCES = tuple(source for _, sources in LIBRARIES for source in sources)
 # included by them: they count in the first-use build's name, ship in wheels
-HEADERS = ("config.h", "empty.h", "vec.h", "int8.h")
+HEADERS = ("config.h", "empty.h", "stack.h", "vec.h", "int8.h")
 # The stable ABI the libraries target (TORCH_TARGET_VERSION; pyproject's lowest torch): they load in this torch and
 # every later one, and are not loaded by an older one (which builds them on first use).
 STABLE_ABI = (2, 13)

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "config.h"
+#include "stack.h"
 #include "int8.h"  // last: from there on, no float operation is contracted
 
 namespace onnx2torch_rnn {
@@ -483,30 +484,12 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_packed_cpu(const Tensor
   return {output(y.y), output(h), output(c)};
 }
 
-// The layers' final states as one [L·D, N, H] tensor (undefined where they are not computed).
-Tensor joined(const std::vector<Tensor>& per_layer) {
-  if (!per_layer[0].defined()) return per_layer[0];
-  if (per_layer.size() == 1) return per_layer[0];
-  int64_t rows = 0;
-  for (const Tensor& t : per_layer) {
-    CHECK_VALUE(t.defined(), "dynamic_quantize_lstm_stack: the layers compute their final states alike");
-    rows += t.size(0);
-  }
-  Tensor all = allocate({rows, per_layer[0].size(1), per_layer[0].size(2)}, ScalarType::Float);
-  float* out = all.mutable_data_ptr<float>();
-  for (const Tensor& t : per_layer) {  // each contiguous (run's own)
-    std::memcpy(out, t.const_data_ptr<float>(), t.numel() * sizeof(float));
-    out += t.numel();
-  }
-  return all;
-}
-
 // StackedRecurrent.forward (recurrent/module.py, which documents the arguments) of DynamicQuantizeLSTM layers in one
 // call, as recurrent_stack (recurrent.cpp) runs float layers: at batch 1 the Python around each layer costs more than
 // its work. `packed` holds every layer's packed weights (dynamic_quantize_lstm_pack's, each a multiple of 64 bytes)
 // one after the other; `numbers` (int64, made once per stack in Python) the flags batch_first, batch_first_output,
 // merge_output, last_states, then per layer where its weights start in `packed` and where its initial states lie
-// (six values: empty.h, stack_states) in `states`, the stack's state inputs (empty: none). X float32 (each layer's Y
+// (six values: stack.h, stack_states) in `states`, the stack's state inputs (empty: none). X float32 (each layer's Y
 // is the next one's X in float32, as the layers' own calls give it). Returns y, h_n, c_n (None where the layers do
 // not compute them: no tensor to make); each layer writes its Y where the next one (or the caller) reads it: no
 // transposition.
@@ -514,14 +497,8 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor&
                                                                    const Tensor& numbers,
                                                                    const std::optional<Tensor>& sequence_lens,
                                                                    const std::vector<std::optional<Tensor>>& states) {
-  constexpr int64_t kFlags = 4, kPerLayer = 7;
-  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.dim() == 1 && numbers.is_contiguous() &&
-                  numbers.numel() > kFlags && (numbers.numel() - kFlags) % kPerLayer == 0,
-              "dynamic_quantize_lstm_stack: numbers must be int64 [4 + 7 * layers]");
-  const int64_t* at = numbers.const_data_ptr<int64_t>();
-  const bool batch_first = at[0], batch_first_output = at[1], merge_output = at[2], last_states = at[3];
-  const size_t count = (numbers.numel() - kFlags) / kPerLayer;
-  const std::vector<std::optional<Tensor>> initial = stack_states(states, at + kFlags + 1, count, kPerLayer);
+  const StackNumbers stack = stack_numbers(numbers, states, 7, 1, "dynamic_quantize_lstm_stack");
+  const bool batch_first = stack.batch_first, merge_output = stack.merge_output;
   CHECK_VALUE(X.scalar_type() == ScalarType::Float, "dynamic_quantize_lstm_stack: X must be float32");
   CHECK_VALUE(X.dim() == 3, "DynamicQuantizeLSTM: X, W and R must be 3-D");
   const uint8_t* bytes = packed_bytes(packed);
@@ -541,17 +518,17 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor&
   int64_t width = X.size(2);
   std::vector<int64_t> lens;
   std::vector<Tensor> h_n, c_n;
-  for (size_t l = 0; l < count; ++l) {
-    const int64_t offset = at[kFlags + kPerLayer * l];
+  for (size_t l = 0; l < stack.layers; ++l) {
+    const int64_t offset = stack.layer(l)[0];
     CHECK_VALUE(offset >= 0 && offset < packed.numel(), "dynamic_quantize_lstm_stack: a layer past the packed weights");
     const Node node(bytes + offset, packed.numel() - offset);
     const Config& c = node.c;
     const int64_t D = c.directions, H = node.layout.hidden;
-    const std::optional<Tensor>&h0 = initial[2 * l], &c0 = initial[2 * l + 1];
+    const std::optional<Tensor>&h0 = stack.initial[2 * l], &c0 = stack.initial[2 * l + 1];
     node.check_input(width);
     node.check_states(h0, c0, batch);
     if (l == 0) lens = lengths(sequence_lens, steps, batch);  // after X's checks, as per layer
-    const bool last = l + 1 == count, out_batch_first = last && batch_first_output;
+    const bool last = l + 1 == stack.layers, out_batch_first = last && stack.batch_first_output;
     CHECK_VALUE(c.outputs[0] || last, "dynamic_quantize_lstm_stack: a layer below the last must compute Y");
     Output y;
     if (!c.outputs[0]) {
@@ -572,11 +549,7 @@ std::tuple<Tensor, Tensor, Tensor> dynamic_quantize_lstm_stack_cpu(const Tensor&
     input = x.defined() ? x.const_data_ptr<float>() : nullptr;
     width = D * H;
   }
-  if (last_states) {
-    h_n = {h_n.back()};
-    c_n = {c_n.back()};
-  }
-  return {x, joined(h_n), joined(c_n)};
+  return {x, joined_states(h_n, stack.last_states), joined_states(c_n, stack.last_states)};
 }
 
 }  // namespace

@@ -50,6 +50,7 @@
 
 #include "config.h"
 #include "empty.h"
+#include "stack.h"
 #include "vec.h"
 
 namespace onnx2torch_rnn {
@@ -1205,61 +1206,36 @@ std::tuple<Tensor, Tensor, Tensor> recurrent_packed_cpu(const Tensor& X, const T
   return run_node(c, node, packs, one.threads(), node_output(c.layout, steps, c.directions, batch, hidden));
 }
 
-// The layers' final states as one [L·D, N, H] tensor (the first layer's undefined one where they are not computed).
-Tensor joined(const std::vector<Tensor>& per_layer, bool computed) {
-  if (per_layer.size() == 1 || !computed) return per_layer[0];
-  Dims shape = Dims::of(per_layer[0].sizes());
-  shape[0] = 0;
-  for (const Tensor& t : per_layer) shape[0] += t.size(0);
-  Tensor all = empty(shape, per_layer[0].scalar_type());
-  char* out = static_cast<char*>(all.mutable_data_ptr());
-  for (const Tensor& t : per_layer) {  // each contiguous (run's own outputs)
-    const size_t bytes = t.numel() * t.element_size();
-    if (bytes) std::memcpy(out, t.const_data_ptr(), bytes);
-    out += bytes;
-  }
-  return all;
-}
-
 // StackedRecurrent.forward (recurrent/module.py, which documents the arguments) in one call: at batch 1 the Python
 // around each layer (its op call, the transpositions and concatenations between layers) costs as much as the
 // layers' work. `packed` holds every layer's packed weights one after the other (recurrent_pack's), `numbers`
 // (int64, made once per stack in Python: each boxed argument costs a batch-1 call about a microsecond) the flags
 // batch_first, batch_first_output, merge_output, last_states, then per layer its config's number (layout 0, no
 // mask), hidden and input sizes, where its weights start in `packed` and where its initial states lie (six values:
-// empty.h, stack_states) in `states`, the stack's state inputs (empty: none). Returns y, h_n, c_n (None where the
+// stack.h, stack_states) in `states`, the stack's state inputs (empty: none). Returns y, h_n, c_n (None where the
 // layers do not compute them: no tensor to make). A batch-first X is read as it is, and each layer writes its Y
 // where the next one (or the caller) reads it: no transposition.
 std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(const Tensor& X, const Tensor& packed, const Tensor& numbers,
                                                        const std::optional<Tensor>& sequence_lens,
                                                        const std::vector<std::optional<Tensor>>& states) {
   const OneThread one;
-  constexpr int64_t kFlags = 4, kPerLayer = 10;
-  CHECK_VALUE(numbers.scalar_type() == ScalarType::Long && numbers.dim() == 1 && numbers.is_contiguous() &&
-                  numbers.numel() > kFlags && (numbers.numel() - kFlags) % kPerLayer == 0,
-              "recurrent_stack: numbers must be int64 [4 + 10 * layers]");
-  const int64_t* at = numbers.const_data_ptr<int64_t>();
-  const bool batch_first = at[0], batch_first_output = at[1], merge_output = at[2], last_states = at[3];
-  const size_t count = (numbers.numel() - kFlags) / kPerLayer;
-  const std::vector<std::optional<Tensor>> initial = stack_states(states, at + kFlags + 4, count, kPerLayer);
+  const StackNumbers stack = stack_numbers(numbers, states, 10, 4, "recurrent_stack");
   Tensor x = X;
-  bool swapped = batch_first && X.dim() == 3;  // x is [N, T, I] where the layers take [T, N, I]
+  bool swapped = stack.batch_first && X.dim() == 3;  // x is [N, T, I] where the layers take [T, N, I]
   std::vector<int64_t> lens;
   const std::vector<char> no_mask;
   std::vector<Tensor> h_n, c_n;
-  const Config* first = nullptr;
-  for (size_t l = 0; l < count; ++l) {
-    const int64_t* layer = at + kFlags + kPerLayer * l;  // config, hidden, input, offset, the states' rows
+  for (size_t l = 0; l < stack.layers; ++l) {
+    const int64_t* layer = stack.layer(l);  // config, hidden, input, offset, the states' rows
     const Config& c = NumberedConfigs::get().at(layer[0]);
-    first = first ? first : &c;
     CHECK_VALUE(c.layout == 0 && c.mask_output < 0, "recurrent_stack: layers are layout 0 without a mask");
     const int64_t hidden = layer[1];
-    const std::optional<Tensor>&h0 = initial[2 * l], &c0 = initial[2 * l + 1];
+    const std::optional<Tensor>&h0 = stack.initial[2 * l], &c0 = stack.initial[2 * l + 1];
     check_inputs(c, x, hidden, layer[2], h0, c0, swapped);
     const int64_t steps = x.size(swapped ? 1 : 0), batch = x.size(swapped ? 0 : 1);
     if (l == 0) lens = partial_lengths(sequence_lens, steps, batch);  // after X's checks, as per layer
-    const bool last = l + 1 == count, out_batch_first = last && batch_first_output;
-    const OutputLayout y_at = last && !merge_output
+    const bool last = l + 1 == stack.layers, out_batch_first = last && stack.batch_first_output;
+    const OutputLayout y_at = last && !stack.merge_output
                                   ? node_output(false, steps, c.directions, batch, hidden, out_batch_first)
                                   : merged_output(out_batch_first, steps, c.directions, batch, hidden);
     const Node node{x, swapped, steps, batch, hidden, lens, h0, c0, no_mask, layer[3], false, true};
@@ -1270,11 +1246,7 @@ std::tuple<Tensor, Tensor, Tensor> recurrent_stack_cpu(const Tensor& X, const Te
     x = y;
     swapped = false;
   }
-  if (last_states) {
-    h_n = {h_n.back()};
-    c_n = {c_n.back()};
-  }
-  return {x, joined(h_n, first->outputs[1]), joined(c_n, first->outputs[2])};
+  return {x, joined_states(h_n, stack.last_states), joined_states(c_n, stack.last_states)};
 }
 
 }  // namespace
