@@ -81,14 +81,25 @@ def test_binary(monkeypatch, op, dtype, a_shape, b_shape, seed):
         assert results[0].shape == torch.broadcast_shapes(a_shape, b_shape)
 
 
-def test_binary_refuses_repeats_within_the_output():
-    """An operand whose axes other than 1 are not one block of the output's takes the Python path (the kernel would
-    refuse it)."""
-    assert q.broadcast_map(torch.Size([3, 1, 4]), torch.Size([3, 5, 4])) is None
-    assert q.broadcast_map(torch.Size([5, 1]), torch.Size([2, 5, 4])) == [4, 5]
-    with pytest.raises(RuntimeError, match=r"\[ValueError\] qlinear"):  # the stable ABI's error (kernel/config.h)
-        torch.ops.onnx2torch_rnn.qlinear_add(torch.zeros(3, 1, 4, dtype=torch.uint8),
-                                             torch.zeros(3, 5, 4, dtype=torch.uint8), 1.0, 1.0, 0.0)
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dtype", BYTES)
+def test_binary_repeats_and_strides(monkeypatch, op, dtype):
+    """Operands repeated within the output (not one block of it) and strided views (transposed, sliced, expanded)
+    run natively too, through their strides."""
+    g = torch.Generator().manual_seed(5)
+    params = tuple([scales(g), zero_point(g, dtype)] * 3)
+    module = getattr(q, op)(params)
+    name = "qlinear_add" if op == "QLinearAdd" else "qlinear_mul"
+    cases = [(ints(g, dtype, (3, 1, 4)), ints(g, dtype, (3, 5, 4))),
+             (ints(g, dtype, (5, 1)), ints(g, dtype, (2, 5, 4))),
+             (ints(g, dtype, (4, 6)).t(), ints(g, dtype, (6, 4))),
+             (ints(g, dtype, (6, 9))[:, ::2], ints(g, dtype, (5,))),
+             (ints(g, dtype, (1, 7)).expand(3, 7), ints(g, dtype, (3, 1))),
+             (ints(g, dtype, (0, 3)), ints(g, dtype, (3,)))]
+    for a, b in cases:
+        for x, y in ((a, b), (b, a)):
+            result = outputs(monkeypatch, name, [lambda x=x, y=y: module(x, None, None, y, None, None, None, None)])
+            assert result[0].shape == torch.broadcast_shapes(x.shape, y.shape)
 
 
 def _requantized(monkeypatch, module_type, constants: dict, runtime_args, attributes=None, op="requantize"):

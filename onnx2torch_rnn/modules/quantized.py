@@ -811,20 +811,6 @@ def _repeats_innermost(x: Tensor, shape: torch.Size) -> bool:
     return len(shape) > 0 and shape[-1] > 1 and (x.dim() == 0 or x.shape[-1] == 1)
 
 
-def broadcast_map(shape: torch.Size, full: torch.Size) -> list[int] | None:
-    """[div, mod] such that an operand of ``shape`` broadcast to ``full`` holds output element i (row-major) at its
-    flat index (i // div) % mod: its axes other than 1 form one block equal to full's (the native binary ops' form
-    of broadcasting); None otherwise."""
-    dims = [1] * (len(full) - len(shape)) + list(shape)
-    kept = [axis for axis, size in enumerate(dims) if size != 1]
-    if not kept:
-        return [1, 1]
-    first, last = kept[0], kept[-1]
-    if dims[first:last + 1] != list(full[first:last + 1]):
-        return None
-    return [math.prod(full[last + 1:]) or 1, math.prod(dims)]
-
-
 def broadcast_shape(a: torch.Size, b: torch.Size) -> torch.Size:
     """numpy's broadcast of two shapes (torch.broadcast_shapes, which costs a small node's time in eager calls)."""
     if a == b:
@@ -833,13 +819,9 @@ def broadcast_shape(a: torch.Size, b: torch.Size) -> torch.Size:
     return torch.broadcast_shapes(a, b) if size is None else torch.Size(size)
 
 
-def _native_binary(x: Tensor, y: Tensor, shape: torch.Size) -> bool:
-    """Whether the native kernel's binary QLinear ops take these operands (``broadcast_map`` of each)."""
-    if x.dtype not in BYTES or x.dtype != y.dtype or not native(x, y):
-        return False
-    if x.shape == y.shape or x.numel() == 1 or y.numel() == 1:
-        return math.prod(shape) > 0
-    return math.prod(shape) > 0 and None not in (broadcast_map(x.shape, shape), broadcast_map(y.shape, shape))
+def _native_binary(x: Tensor, y: Tensor) -> bool:
+    """Whether the native kernel's binary QLinear ops take these operands (any shapes that broadcast, any strides)."""
+    return x.dtype in BYTES and x.dtype == y.dtype and native(x, y)
 
 
 def _add_terms(x_scale, x_zero_point, y_scale, y_zero_point, c_scale, c_zero_point):
@@ -855,23 +837,21 @@ class QLinearAdd(Module):
     (a, unless a is a scalar within onnxruntime's broadcast spans): with r = scale / c_scale per operand,
     f = c_zp - fma(r_x, x_zp, r_y * y_zp) and c = convert(fma(x, r_x, fma(y, r_y, f))) on the raw values.
     ``parameters`` (a_scale, a_zp, b_scale, b_zp, c_scale, c_zp), when the converter knows them: the terms are then
-    computed once per operand order (as Python floats: float32 values), and forward's parameters are None."""
+    computed once per operand order (as Python floats: float32 values; ``numbers``: both orders as the native
+    qlinear_add takes them), and forward's parameters are None."""
 
     def __init__(self, parameters: tuple | None = None):
         super().__init__()
-        self.terms = None
+        self.terms = self.numbers = None
         if parameters is not None:
             a, b, c = parameters[:2], parameters[2:4], parameters[4:]
             self.terms = tuple(tuple(float(t) for t in _add_terms(*x, *y, *c)) for x, y in ((a, b), (b, a)))
+            self.numbers = torch.tensor([*self.terms[0], *self.terms[1]], dtype=torch.float32)
 
     def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c_scale=None,
                 c_zero_point=None):
-        if self.terms is not None and a.dtype in BYTES and native(a, b):  # the converter's case: planned per shape
-            plan = kept_geometry(self, (a.shape, b.shape, a.dtype, b.dtype), lambda: self._plan(a, b))
-            if plan is not None:
-                x, y = (b, a) if plan[0] else (a, b)
-                return _NATIVE.qlinear_add.default(x if x.is_contiguous() else x.contiguous(),
-                                                   y if y.is_contiguous() else y.contiguous(), *plan[1])
+        if self.numbers is not None and _native_binary(a, b):  # the converter's case: one check, one call
+            return _NATIVE.qlinear_add.default(a, b, self.numbers)
         shape = broadcast_shape(a.shape, b.shape)
         swap = _repeats_innermost(a, shape) and not _repeats_innermost(b, shape)  # onnxruntime hands MLAS the vector
         x, y = (b, a) if swap else (a, b)
@@ -880,19 +860,11 @@ class QLinearAdd(Module):
         else:
             given = ((a_scale, a_zero_point), (b_scale, b_zero_point))
             terms = _add_terms(*given[swap], *given[not swap], c_scale, c_zero_point)
-        if _native_binary(x, y, shape):
-            return _NATIVE.qlinear_add.default(x.contiguous(), y.contiguous(), *map(float, terms))
+        if _native_binary(x, y):  # x varies along the innermost axis: the kernel keeps this order
+            return _NATIVE.qlinear_add.default(x, y, torch.tensor([*map(float, terms)] * 2, dtype=torch.float32))
         x_ratio, y_ratio, offset = terms
         value = fma(x.float(), x_ratio, fma(y.float(), y_ratio, offset))
         return convert_and_pack(value.expand(shape), a.dtype)
-
-    def _plan(self, a: Tensor, b: Tensor) -> tuple | None:
-        """(swap, the folded terms as numbers) of the native call for operands of these shapes, or None where the
-        kernel does not take them."""
-        shape = broadcast_shape(a.shape, b.shape)
-        swap = _repeats_innermost(a, shape) and not _repeats_innermost(b, shape)
-        x, y = (b, a) if swap else (a, b)
-        return (swap, tuple(map(float, self.terms[swap]))) if _native_binary(x, y, shape) else None
 
 
 class QLinearMatMulAdd(Module):
@@ -952,28 +924,23 @@ def _mul_terms(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_poi
 class QLinearMul(Module):
     """com.microsoft QLinearMul as MLAS's SSE2 kernel computes it: c = convert(float32((a - a_zp) * (b - b_zp)) *
     (a_scale * b_scale / c_scale) + c_zp), the zero point added in float32 before rounding. ``parameters`` as
-    QLinearAdd's: the terms then computed once."""
+    QLinearAdd's: the terms then computed once (``numbers``: as the native qlinear_mul takes them)."""
 
     def __init__(self, parameters: tuple | None = None):
         super().__init__()
-        self.terms = None
+        self.terms = self.numbers = None
         if parameters is not None:
             a_zero, b_zero, ratio, c_zero = _mul_terms(*parameters)
             self.terms = (int(a_zero), int(b_zero), float(ratio), int(c_zero))
+            self.numbers = torch.tensor(self.terms, dtype=torch.float32)
 
     def forward(self, a, a_scale=None, a_zero_point=None, b=None, b_scale=None, b_zero_point=None, c_scale=None,
                 c_zero_point=None):
-        if self.terms is not None and a.dtype in BYTES and native(a, b) and kept_geometry(
-                self, (a.shape, b.shape, a.dtype, b.dtype), lambda: _native_binary(a, b, broadcast_shape(a.shape,
-                                                                                                        b.shape))):
-            return _NATIVE.qlinear_mul.default(a if a.is_contiguous() else a.contiguous(),
-                                               b if b.is_contiguous() else b.contiguous(), *self.terms)
+        if self.numbers is not None and _native_binary(a, b):  # the converter's case: one check, one call
+            return _NATIVE.qlinear_mul.default(a, b, self.numbers)
         terms = self.terms or _mul_terms(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point)
-        shape = broadcast_shape(a.shape, b.shape)
-        if _native_binary(a, b, shape):
-            a_zero, b_zero, ratio, c_zero = terms
-            return _NATIVE.qlinear_mul.default(a.contiguous(), b.contiguous(), int(a_zero), int(b_zero), float(ratio),
-                                               int(c_zero))
+        if _native_binary(a, b):
+            return _NATIVE.qlinear_mul.default(a, b, torch.tensor([*map(float, terms)], dtype=torch.float32))
         a_zero, b_zero, ratio, c_zero = terms
         product = (a.float() - a_zero) * (b.float() - b_zero)  # exact in float32
         return convert_and_pack(product * ratio + c_zero, a.dtype)

@@ -8,11 +8,14 @@
 //       MlasRequantizeOutput: saturate(round_half_even(float32(acc + bias[g % B]) * multiplier[g % M]) + zero_point)
 //       for g = i / inner, B and M the lengths of bias and multiplier (per channel, per column or one value); the
 //       int32 sum wraps
-//   qlinear_add(Tensor x, Tensor y, float x_ratio, float y_ratio, float offset) -> Tensor
-//       MLAS's QLinearAdd: convert(fma(x, x_ratio, fma(y, y_ratio, offset))) on the raw values, numpy broadcasting
-//       where each operand's axes other than 1 are one block of the output's (Python checks: broadcast_map)
-//   qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor
-//       MLAS's QLinearMul: convert(float32((a - a_zero) * (b - b_zero)) * ratio + c_zero), broadcast as qlinear_add
+//   qlinear_add(Tensor a, Tensor b, Tensor terms) -> Tensor
+//       MLAS's QLinearAdd: convert(fma(x, x_ratio, fma(y, y_ratio, offset))) on the raw values of the vector operand
+//       x and the other one y (a and b, or b and a where only b varies along the innermost axis, as onnxruntime
+//       hands them to MLAS), numpy broadcasting, any strides; terms float32 [x_ratio, y_ratio, offset] for x = a,
+//       then for x = b (one tensor the module makes once: each boxed scalar costs a quarter microsecond)
+//   qlinear_mul(Tensor a, Tensor b, Tensor terms) -> Tensor
+//       MLAS's QLinearMul: convert(float32((a - a_zero) * (b - b_zero)) * ratio + c_zero), broadcast as qlinear_add;
+//       terms float32 [a_zero, b_zero, ratio, c_zero]
 //   qlinear_lookup(Tensor x, Tensor table) -> Tensor          table[x - lowest] (256 values of the output type)
 //   qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
 //                  Tensor numbers) -> Tensor
@@ -55,8 +58,10 @@
 #define TORCH_STABLE_ONLY  // PyTorch's stable ABI (int8.h)
 #include <torch/csrc/stable/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
@@ -138,32 +143,15 @@ Tensor requantize_cpu(const Tensor& acc, const Tensor& multiplier, const std::op
   return out;
 }
 
-// Walks the values of an operand repeated over the output: value index (i / div) % mod for output index i.
-struct Walker {
-  int64_t div, mod, r = 0, j = 0;
-
-  Walker(const int64_t (&map)[2], int64_t start) : div(map[0]), mod(map[1]), r(start % div), j(start / div % mod) {}
-
-  int64_t index() const { return j; }
-  void next() {
-    if (++r == div) {
-      r = 0;
-      if (++j == mod) j = 0;
-    }
-  }
-};
-
-// The numpy broadcast of two operands where each one's axes other than 1 form one block of the output's: operand k's
-// value for output element i is at (i / map[k][0]) % map[k][1] (Walker).
+// The numpy broadcast of two operands: the output's shape and, per operand, its stride along each output axis (0
+// where it repeats).
 struct Broadcast {
-  std::vector<int64_t> shape;
-  int64_t map[2][2];
+  std::vector<int64_t> shape, strides[2];
   int64_t numel = 1;
 };
 
 Broadcast broadcast(const Tensor& x, const Tensor& y) {
-  CHECK_VALUE(x.scalar_type() == y.scalar_type() && x.is_contiguous() && y.is_contiguous(),
-                    "qlinear: contiguous operands of one type expected");
+  CHECK_VALUE(x.scalar_type() == y.scalar_type(), "qlinear: operands of one type expected");
   const int64_t rank = std::max(x.dim(), y.dim());
   Broadcast b;
   b.shape.assign(rank, 1);
@@ -179,52 +167,131 @@ Broadcast broadcast(const Tensor& x, const Tensor& y) {
   for (int64_t s : b.shape) b.numel *= s;
   for (int k = 0; k < 2; ++k) {
     const Tensor& t = *operands[k];
-    int64_t first = -1, last = -1;
-    for (int64_t d = 0; d < t.dim(); ++d) {
-      if (t.size(d) == 1) continue;
-      last = rank - t.dim() + d;
-      first = first < 0 ? last : first;
-    }
-    int64_t div = 1;
-    for (int64_t d = last + 1; d < rank && last >= 0; ++d) div *= b.shape[d];
-    for (int64_t d = std::max<int64_t>(first, 0); d <= last; ++d)
-      CHECK_VALUE(t.size(d - (rank - t.dim())) == b.shape[d], "qlinear: an operand repeats within the output "
-                        "(not one contiguous block)");
-    b.map[k][0] = div;
-    b.map[k][1] = t.numel();
+    b.strides[k].assign(rank, 0);
+    for (int64_t d = 0; d < t.dim(); ++d)
+      if (t.size(d) != 1) b.strides[k][rank - t.dim() + d] = t.stride(d);
   }
   return b;
 }
 
-// f(x value, y value) -> float for each output element of the broadcast; then convert.
+// Walks one operand's values over the output in row-major order from output element `start`: an odometer over the
+// output's axes.
+struct Walker {
+  const std::vector<int64_t>& shape;
+  const std::vector<int64_t>& strides;
+  std::vector<int64_t> at;
+  int64_t j = 0;
+
+  Walker(const Broadcast& b, int k, int64_t start) : shape(b.shape), strides(b.strides[k]), at(b.shape.size(), 0) {
+    for (size_t d = shape.size(); d-- > 0;) {
+      at[d] = start % shape[d];
+      start /= shape[d];
+      j += at[d] * strides[d];
+    }
+  }
+
+  int64_t index() const { return j; }
+  void next() {
+    for (size_t d = shape.size(); d-- > 0;) {
+      j += strides[d];
+      if (++at[d] < shape[d]) return;
+      j -= strides[d] * shape[d];
+      at[d] = 0;
+    }
+  }
+};
+
+// `convert` on a vector of values stored as T at y[0 .. count): clamped to T's range before rounding (the same
+// integer as rounding first, the bounds being integers), so that the rounding is exact (int8.h's round_even).
+template <typename T>
+void store_converted(T* y, int8::F value, int count) {
+  using int8::F;
+  using int8::I;
+  constexpr float low = std::numeric_limits<T>::min(), high = std::numeric_limits<T>::max();
+  const I bad = (value != value) | (value >= 2147483648.0f) | (value <= -2147483648.0f);
+  F clamped = value < low ? splat(low) : value;
+  clamped = clamped > high ? splat(high) : clamped;
+  const I q = bad ? splat(static_cast<int32_t>(low)) : __builtin_convertvector(int8::round_even(clamped), I);
+  if (count == int8::L) {  // a loop of constant length: one vector narrowing
+    for (int l = 0; l < int8::L; ++l) y[l] = static_cast<T>(q[l]);
+  } else {
+    for (int l = 0; l < count; ++l) y[l] = static_cast<T>(q[l]);
+  }
+}
+
+// One operand's values for outputs i .. i + count of a broadcast, as floats: loaded where the operand is the
+// whole output in its order (contiguous), one value repeated, else walked value by value through its strides.
+template <typename T>
+struct Operand {
+  const T* data;
+  Walker walker;
+  bool whole, single;
+
+  Operand(const Tensor& t, const Broadcast& b, int k, int64_t start)
+      : data(static_cast<const T*>(t.const_data_ptr())), walker(b, k, start),
+        whole(t.is_contiguous() && t.numel() == b.numel), single(t.numel() == 1) {}
+
+  int8::F at(int64_t i, int count) {
+    using int8::L;
+    if (single) return splat(static_cast<float>(data[0]));
+    int32_t values[L] = {};
+    if (whole && count == L) {  // a loop of constant length: one vector widening
+      for (int l = 0; l < L; ++l) values[l] = data[i + l];
+    } else if (whole) {
+      for (int l = 0; l < count; ++l) values[l] = data[i + l];
+    } else {
+      for (int l = 0; l < count; ++l, walker.next()) values[l] = data[walker.index()];
+    }
+    return __builtin_convertvector(load(values), int8::F);
+  }
+};
+
+// f(x values, y values) -> float32 values for each vector of output elements of the broadcast; then convert.
 template <typename Fn>
 Tensor binary(const Tensor& x, const Tensor& y, Fn f) {
+  using int8::L;
   const Broadcast shape = broadcast(x, y);
   Tensor out = output(shape.shape, x.scalar_type());
   with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
-    const T* a = static_cast<const T*>(x.const_data_ptr());
-    const T* b = static_cast<const T*>(y.const_data_ptr());
     T* c = static_cast<T*>(out.mutable_data_ptr());
-    torch::stable::parallel_for(0, shape.numel, kGrain, [&](int64_t begin, int64_t end) {
-      Walker wa(shape.map[0], begin), wb(shape.map[1], begin);
-      for (int64_t i = begin; i < end; ++i, wa.next(), wb.next())
-        c[i] = convert<T>(f(static_cast<float>(a[wa.index()]), static_cast<float>(b[wb.index()])));
+    const int64_t n = shape.numel;
+    if (n == 0) return;
+    torch::stable::parallel_for(0, (n + L - 1) / L, kGrain / L, [&](int64_t begin, int64_t end) {
+      Operand<T> u(x, shape, 0, begin * L), v(y, shape, 1, begin * L);
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t i = k * L;
+        const int count = static_cast<int>(std::min<int64_t>(L, n - i));
+        store_converted(c + i, f(u.at(i, count), v.at(i, count)), count);
+      }
     });
   });
   return out;
 }
 
-Tensor qlinear_add_cpu(const Tensor& x, const Tensor& y, double x_ratio, double y_ratio, double offset) {
-  const float rx = static_cast<float>(x_ratio), ry = static_cast<float>(y_ratio), f = static_cast<float>(offset);
-  return binary(x, y, [=](float a, float b) { return std::fma(a, rx, std::fma(b, ry, f)); });
+// The terms tensor, checked: `count` float32 values.
+const float* terms_of(const Tensor& terms, int64_t count, const char* op) {
+  CHECK_VALUE(terms.scalar_type() == ScalarType::Float && terms.numel() == count && terms.is_contiguous(), op, ": ",
+              count, " float32 terms expected");
+  return terms.const_data_ptr<float>();
 }
 
-Tensor qlinear_mul_cpu(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero, double ratio,
-                           int64_t c_zero) {
-  const float za = static_cast<float>(a_zero), zb = static_cast<float>(b_zero), r = static_cast<float>(ratio),
-              zc = static_cast<float>(c_zero);
-  return binary(a, b, [=](float u, float v) { return (u - za) * (v - zb) * r + zc; });
+// The size of t's innermost axis (1 for a scalar).
+int64_t innermost(const Tensor& t) { return t.dim() == 0 ? 1 : t.size(-1); }
+
+Tensor qlinear_add_cpu(const Tensor& a, const Tensor& b, const Tensor& terms) {
+  // onnxruntime hands MLAS the operand that varies along the innermost axis as x: b where only b does
+  const bool swap = innermost(a) == 1 && innermost(b) > 1;
+  const float* t = terms_of(terms, 6, "qlinear_add") + (swap ? 3 : 0);
+  const int8::F rx = splat(t[0]), ry = splat(t[1]), f = splat(t[2]);
+  return binary(swap ? b : a, swap ? a : b,
+                [=](int8::F x, int8::F y) { return int8::fma(x, rx, int8::fma(y, ry, f)); });
+}
+
+Tensor qlinear_mul_cpu(const Tensor& a, const Tensor& b, const Tensor& terms) {
+  const float* t = terms_of(terms, 4, "qlinear_mul");
+  const float za = t[0], zb = t[1], r = t[2], zc = t[3];
+  return binary(a, b, [=](int8::F u, int8::F v) { return (u - za) * (v - zb) * r + zc; });
 }
 
 Tensor qlinear_lookup_cpu(const Tensor& x, const Tensor& table) {
@@ -565,8 +632,8 @@ Tensor qlinear_concat_cpu(const std::vector<Tensor>& xs, const Tensor& tables, i
 STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("requantize(Tensor acc, Tensor multiplier, Tensor? bias, int zero_point, ScalarType dtype, int inner) -> "
         "Tensor");
-  m.def("qlinear_add(Tensor x, Tensor y, float x_ratio, float y_ratio, float offset) -> Tensor");
-  m.def("qlinear_mul(Tensor a, Tensor b, int a_zero, int b_zero, float ratio, int c_zero) -> Tensor");
+  m.def("qlinear_add(Tensor x, Tensor y, Tensor terms) -> Tensor");
+  m.def("qlinear_mul(Tensor a, Tensor b, Tensor terms) -> Tensor");
   m.def("qlinear_lookup(Tensor x, Tensor table) -> Tensor");
   m.def("qlinear_matmul(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, "
         "Tensor? bias, Tensor numbers) -> Tensor");
