@@ -212,7 +212,10 @@ POOLS = [({"kernel_shape": [2, 2], "strides": [2, 2]}, (2, 3, 6, 7)),
          ({"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}, (1, 2, 7, 8)),
          ({"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]}, (1, 2, 7, 8)),
          ({"kernel_shape": [3], "strides": [2], "pads": [1, 0]}, (2, 3, 9)),
-         ({"kernel_shape": [2, 2, 2]}, (1, 2, 4, 5, 3))]
+         ({"kernel_shape": [2, 2, 2]}, (1, 2, 4, 5, 3)),
+         ({"kernel_shape": [2, 2], "strides": [2, 2]}, (1, 3, 20, 38)),
+         ({"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 2, 2, 1], "ceil_mode": 1}, (1, 2, 11, 40)),
+         ({"kernel_shape": [4], "pads": [2, 1], "count_include_pad": 1}, (2, 3, 45))]
 
 
 @pytest.mark.parametrize(("attributes", "shape"), POOLS)
@@ -243,7 +246,8 @@ def test_qlinear_global_average_pool(monkeypatch, dtype, shape, channels_last):
 
 @pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize(("shape", "axis", "opset"), [((4, 10), -1, 13), ((3, 2, 7), 2, 13), ((2, 3, 5), 1, 12),
-                                                      ((3, 41), 1, 11), ((5, 1), -1, 13)])
+                                                      ((3, 41), 1, 11), ((5, 1), -1, 13), ((2, 5, 3), 1, 13),
+                                                      ((4, 3, 2), 0, 13), ((2, 3, 4, 5), 1, 11)])
 @pytest.mark.parametrize("output", [(1 / 256, None), (0.007, 3)])
 def test_qlinear_softmax(monkeypatch, dtype, shape, axis, opset, output):
     g = torch.Generator().manual_seed(len(shape))

@@ -286,7 +286,9 @@ def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, po
     ((1, 3, 8, 8), [0, 0, 1, 1, 0, 0, 1, 1], None, {"kernel_shape": [2, 2], "strides": [2, 2]}),
     ((2, 2, 7, 9), [2, 0, 1, 3], [2, 3], {"kernel_shape": [3, 2], "strides": [2, 3]}),
     ((1, 2, 10), [3, 1], [-1], {"kernel_shape": [3], "dilations": [2], "auto_pad": "VALID"}),
-    ((1, 2, 4, 5), [0, 0, 0, 0, 0, 0, 0, 0], None, {"kernel_shape": [2, 2]})])
+    ((1, 2, 4, 5), [0, 0, 0, 0, 0, 0, 0, 0], None, {"kernel_shape": [2, 2]}),
+    ((1, 4, 16, 16), [0, 0, 1, 1, 0, 0, 1, 1], None, {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((1, 2, 12, 33), [1, 2, 2, 1], [2, 3], {"kernel_shape": [3, 3], "strides": [1, 2]})])
 def test_padded_max_pool_is_onnxruntime_bit_for_bit(dtype, x_shape, pads, axes, pool, monkeypatch):
     """A constant Pad of 8-bit values -> MaxPool as one MaxPool (passes/quantized.py) whose native call reads the
     Pad's value outside its input: equal to onnxruntime and to the nodes converted as written, native or not (the

@@ -29,6 +29,9 @@ _NATIVE_POOL = frozenset((torch.uint8, torch.int8))  # the native kernel's max_p
 # float32 natively only where the call's fixed cost dominates: on larger maps torch's vectorised pooling is faster
 # (16384 values 2x2: 46 vs 35 us; 3x3 stride 1: 402 vs 243 us), 8-bit ones 2x faster natively from 10^5 values
 _NATIVE_FLOAT_POOL_VALUES = 1 << 12
+# bound once (a pooling asks at every eager call; dynamo knows is_compiling by identity, and never reaches the C
+# tracing check: the compiling one comes first)
+_IS_COMPILING, _IS_TRACING = torch.compiler.is_compiling, torch._C._is_tracing
 
 
 def per_axis(value, n: int, default: int) -> list[int]:
@@ -325,7 +328,11 @@ class MaxPool(_Pool):
 
     def forward(self, x):
         n = len(self.kernel_shape)
-        if not self.indices and not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+        if not self.indices and not (_IS_COMPILING() or _IS_TRACING()):
+            kept = self.__dict__.get("_native")  # the last eager call's (shape, dtype, native numbers or None)
+            if (kept is not None and kept[2] is not None and kept[0] == x.shape and kept[1] == x.dtype and x.is_cpu
+                    and not (x.requires_grad and torch.is_grad_enabled())):  # as _eager decides, in fewer steps
+                return native_max_pool(x if x.is_contiguous() else x.contiguous(), kept[2])
             eager = self._eager(x)
             if eager is not None:
                 return eager
@@ -369,11 +376,12 @@ class MaxPool(_Pool):
         takes)."""
         if (x.dtype in _NATIVE_POOL or (x.dtype == torch.float32 and x.numel() <= _NATIVE_FLOAT_POOL_VALUES)) and (
                 x.is_cpu and not (x.requires_grad and torch.is_grad_enabled())):
-            kept = self.__dict__.get("_native")  # (input shape, numbers or None without the kernel)
-            if kept is None or kept[0] != x.shape:
-                kept = self.__dict__["_native"] = (x.shape, self.native_numbers(x) if kernel.load("int8") else None)
-            if kept[1] is not None:
-                return native_max_pool(x if x.is_contiguous() else x.contiguous(), kept[1])
+            kept = self.__dict__.get("_native")  # (input shape, dtype, numbers or None without the kernel)
+            if kept is None or kept[0] != x.shape or kept[1] != x.dtype:
+                kept = self.__dict__["_native"] = (x.shape, x.dtype,
+                                                   self.native_numbers(x) if kernel.load("int8") else None)
+            if kept[2] is not None:
+                return native_max_pool(x if x.is_contiguous() else x.contiguous(), kept[2])
         n = len(self.kernel_shape)
         if self.padding is not None or not (x.dtype.is_floating_point or (
                 n == 2 and x.dtype in (torch.uint8, torch.int8) and x.is_cpu)):

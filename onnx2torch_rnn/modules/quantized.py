@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import struct
 from types import MappingProxyType
 
 import numpy as np
@@ -1005,6 +1006,19 @@ def _per_tensor_parameters(*values: Tensor | None) -> bool:
     return all(v is None or v.numel() == 1 for v in values)
 
 
+def float_bits(value: float) -> int:
+    """The bits of a float32 value as an int: a scale among a native op's int64 numbers (exact, and one tensor
+    argument instead of a boxed scalar each)."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def _pool_numbers(parameters: tuple, flag: int) -> list[int]:
+    """The head of a quantized pooling's native numbers: [x_zero, y_zero, flag, bits of x_scale and y_scale], of
+    per-tensor (x_scale, x_zp, y_scale, y_zp)."""
+    (x_scale, x_zero), (y_scale, y_zero) = _parameters(*parameters[:2]), _parameters(*parameters[2:])
+    return [x_zero, y_zero, flag, float_bits(x_scale), float_bits(y_scale)]
+
+
 class QLinearGlobalAveragePool(Module):
     """com.microsoft QLinearGlobalAveragePool as MLAS computes it: the integer sum over the image minus x_zp times
     its size, times x_scale / (y_scale * size) in float32, rounded, plus y_zp, saturated. ``parameters`` (x_scale,
@@ -1014,15 +1028,16 @@ class QLinearGlobalAveragePool(Module):
         super().__init__()
         self.channels_last = channels_last
         self.register_buffer("quantization", _stacked(parameters))
-        self.numbers = None if parameters is None else (*_parameters(*parameters[:2]), *_parameters(*parameters[2:]))
+        # the native op's numbers of folded (per-tensor: float() of them succeeded) parameters, made once
+        self.numbers = None if parameters is None else torch.tensor(_pool_numbers(parameters, int(bool(
+            channels_last))), dtype=torch.int64)
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
-        # folded parameters (self.numbers) are per tensor: float() of them succeeded
         if x.dtype in BYTES and x.dim() >= 3 and native(x) and (self.numbers is not None or _per_tensor_parameters(
                 x_scale, x_zero_point, y_scale, y_zero_point)):
-            numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
-            return _NATIVE.qlinear_global_average_pool.default(x if x.is_contiguous() else x.contiguous(), *numbers,
-                                                               bool(self.channels_last))
+            numbers = self.numbers if self.numbers is not None else torch.tensor(_pool_numbers(
+                (x_scale, x_zero_point, y_scale, y_zero_point), int(bool(self.channels_last))), dtype=torch.int64)
+            return _NATIVE.qlinear_global_average_pool.default(x if x.is_contiguous() else x.contiguous(), numbers)
         if self.quantization is not None:
             x_scale, x_zero_point, y_scale, y_zero_point = self.quantization.unbind()
         axes = list(range(1, x.dim() - 1)) if self.channels_last else list(range(2, x.dim()))
@@ -1050,7 +1065,8 @@ class QLinearAveragePool(AveragePool):
         super().__init__(kernel_shape, count_include_pad, **attributes)
         self.channels_last = channels_last
         self.register_buffer("quantization", _stacked(parameters))
-        self.numbers = None if parameters is None else (*_parameters(*parameters[:2]), *_parameters(*parameters[2:]))
+        # the head of the native op's numbers of folded (per-tensor) parameters, made once
+        self.numbers = None if parameters is None else _pool_numbers(parameters, int(bool(count_include_pad)))
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
         dtype = x.dtype
@@ -1058,9 +1074,12 @@ class QLinearAveragePool(AveragePool):
             x = x.movedim(-1, 1)
         if dtype in BYTES and 3 <= x.dim() <= 5 and native(x) and (self.numbers is not None or _per_tensor_parameters(
                 x_scale, x_zero_point, y_scale, y_zero_point)):
-            numbers = self.numbers or (*_parameters(x_scale, x_zero_point), *_parameters(y_scale, y_zero_point))
-            geometry = kept_geometry(self, (x.shape, numbers[1], numbers[3]), lambda: self._window(x, numbers))
-            y = _NATIVE.qlinear_average_pool.default(x.contiguous(), geometry, numbers[0], numbers[2])
+            if self.numbers is not None:  # folded: the numbers kept per input shape
+                numbers = kept_geometry(self, x.shape, lambda: self._window(x, self.numbers))
+            else:
+                numbers = self._window(x, _pool_numbers((x_scale, x_zero_point, y_scale, y_zero_point),
+                                                        int(bool(self.count_include_pad))))
+            y = _NATIVE.qlinear_average_pool.default(x if x.is_contiguous() else x.contiguous(), numbers)
             return y.movedim(1, -1) if self.channels_last else y
         if self.quantization is not None:
             x_scale, x_zero_point, y_scale, y_zero_point = self.quantization.unbind()
@@ -1081,12 +1100,12 @@ class QLinearAveragePool(AveragePool):
         y = saturate(value, dtype)
         return y.movedim(1, -1) if self.channels_last else y
 
-    def _window(self, x: Tensor, numbers: tuple) -> Tensor:
-        """The native pooling's numbers: zero points, count_include_pad, then per spatial axis the kernel, strides,
+    def _window(self, x: Tensor, head: list[int]) -> Tensor:
+        """The native pooling's numbers: ``head`` (``_pool_numbers``), then per spatial axis the kernel, strides,
         head pads and output sizes."""
         geometry, strides, _, begins, _ = self._geometry(x)
-        return torch.tensor([numbers[1], numbers[3], int(bool(self.count_include_pad)), *self.kernel_shape, *strides,
-                             *begins, *[out for _, _, out in geometry]], dtype=torch.int64)
+        return torch.tensor([*head, *self.kernel_shape, *strides, *begins, *[out for _, _, out in geometry]],
+                            dtype=torch.int64)
 
 
 class QLinearSoftmax(Module):
@@ -1112,29 +1131,21 @@ class QLinearSoftmax(Module):
         return torch.roll(table, -128) if signed else table  # the int8 table is indexed by uint8(q + 127 - max)
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
-        if self.numbers is not None and self.x_scale is not None and x.dtype in BYTES and native(x):
-            plan = kept_geometry(self, (x.shape, x.dtype), lambda: self._rows(x))  # folded: planned per shape
-            if plan is not None:
-                rows = x.reshape(plan[0])
-                y = _NATIVE.qlinear_softmax.default(rows if rows.is_contiguous() else rows.contiguous(), plan[1],
-                                                    *self.numbers)
-                return y.reshape(x.shape)
+        if x.dtype in BYTES and x.numel() and native(x) and (self.numbers is not None or _per_tensor_parameters(
+                y_scale, y_zero_point)):
+            if self.numbers is not None and self.x_scale is not None:  # folded: planned per shape
+                plan = kept_geometry(self, (x.shape, x.dtype), lambda: self._plan(x, self.x_scale, *self.numbers))
+            else:
+                output = self.numbers or (float(_inverse(y_scale)), _parameters(y_scale, y_zero_point)[1])
+                plan = self._plan(x, float(x_scale.float()) if self.x_scale is None else self.x_scale, *output)
+            return _NATIVE.qlinear_softmax.default(x if x.is_contiguous() else x.contiguous(), *plan)
         if self.quantization is not None:
             y_scale, y_zero_point = self.quantization.unbind()
         axis = self.axis % x.dim()
         rows = x.movedim(axis, -1) if self.opset >= 13 else x.reshape(*x.shape[:axis], -1)
         signed = x.dtype == torch.int8
-        key = (rows.shape[-1], signed)
-        if (table := self.tables.get(key)) is None:
-            table = self.table(float(x_scale.float()) if self.x_scale is None else self.x_scale, *key)
-            if self.x_scale is not None and not torch.compiler.is_compiling():  # no attribute set while tracing
-                self.tables[key] = table
-        table = table.to(x.device)
-        if (x.dtype in BYTES and rows.numel() and (self.opset < 13 or axis == x.dim() - 1) and native(x)
-                and _per_tensor_parameters(y_scale, y_zero_point)):
-            numbers = self.numbers or (float(_inverse(y_scale)), _parameters(y_scale, y_zero_point)[1])
-            y = _NATIVE.qlinear_softmax.default(rows.reshape(-1, rows.shape[-1]).contiguous(), table, *numbers)
-            return y.reshape(x.shape)
+        table = self._table(float(x_scale.float()) if self.x_scale is None else self.x_scale, rows.shape[-1],
+                            signed).to(x.device)
         top = (255 if not signed else 127) - rows.amax(-1, keepdim=True).long()
         values = table[(rows.long() + top) & 0xFF]
         total = values[..., 0]
@@ -1143,13 +1154,21 @@ class QLinearSoftmax(Module):
         y = saturate(torch.round(values * _inverse(y_scale) / total[..., None]) + _zero(y_zero_point), x.dtype)
         return y.movedim(-1, axis) if self.opset >= 13 else y.reshape(x.shape)
 
-    def _rows(self, x: Tensor) -> tuple | None:
-        """(rows shape [R, L], table) of the native call on x, or None where the kernel does not take x."""
+    def _table(self, x_scale: float, size: int, signed: bool) -> Tensor:
+        """``table``, kept per (size, signed) where x_scale is the converter's constant."""
+        if (table := self.tables.get((size, signed))) is None or self.x_scale is None:
+            table = self.table(x_scale, size, signed)
+            if self.x_scale is not None and not torch.compiler.is_compiling():  # no attribute set while tracing
+                self.tables[(size, signed)] = table
+        return table
+
+    def _plan(self, x: Tensor, x_scale: float, inverse: float, y_zero: int) -> tuple[Tensor, Tensor]:
+        """(table, numbers) of the native call on x (not empty): rows of L values ``inner`` apart."""
         axis = self.axis % x.dim()
-        if not (x.numel() and (self.opset < 13 or axis == x.dim() - 1)):
-            return None
-        size = math.prod(x.shape[axis:])
-        return (x.numel() // size, size), self.table(self.x_scale, size, x.dtype == torch.int8)
+        length = x.shape[axis] if self.opset >= 13 else math.prod(x.shape[axis:])
+        inner = math.prod(x.shape[axis + 1:]) if self.opset >= 13 else 1
+        numbers = torch.tensor([length, inner, y_zero, float_bits(inverse)], dtype=torch.int64)
+        return self._table(x_scale, length, x.dtype == torch.int8), numbers
 
     def extra_repr(self) -> str:
         return f"axis={self.axis}, opset={self.opset}"

@@ -280,8 +280,17 @@ def test_max_pool_dtypes(dtype, attributes):
     check(model, {"x": x.astype(dtype)})
 
 
+# larger maps: runs of windows wholly inside the input at strides 1, 2 and 3 between windows reaching outside it
+NATIVE_POOL_CASES = [({"kernel_shape": [2, 2], "strides": [2, 2]}, (1, 3, 20, 38)),
+                     ({"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 2, 2, 1], "ceil_mode": 1},
+                      (1, 2, 11, 40)),
+                     ({"kernel_shape": [3, 2], "dilations": [2, 3], "strides": [1, 2], "pads": [2, 1, 1, 1]},
+                      (1, 2, 12, 30)),
+                     ({"kernel_shape": [5], "pads": [1, 3]}, (2, 2, 40))]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int8])
-@pytest.mark.parametrize(("attributes", "x_shape"), [case[:2] for case in POOL_CASES])
+@pytest.mark.parametrize(("attributes", "x_shape"), [case[:2] for case in POOL_CASES] + NATIVE_POOL_CASES)
 def test_max_pool_native(dtype, attributes, x_shape, monkeypatch):
     """Y alone in eager CPU inference: the native kernel's max_pool (float32, uint8, int8; nn.native_max_pool),
     equal to onnxruntime and, bit for bit, to torch's pooling (the path without the kernel), NaN included."""

@@ -393,6 +393,9 @@ POOL_CASES = [  # (attributes, x shape)
     ({"kernel_shape": [2, 3], "auto_pad": "SAME_LOWER"}, (1, 2, 5, 5)),
     ({"kernel_shape": [3], "strides": [2], "pads": [1, 0]}, (2, 3, 9)),
     ({"kernel_shape": [2, 2, 2]}, (1, 2, 4, 4, 3)),
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, (1, 3, 20, 38)),
+    ({"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 2, 2, 1], "ceil_mode": 1}, (1, 2, 11, 40)),
+    ({"kernel_shape": [4], "pads": [2, 1], "count_include_pad": 1}, (2, 3, 45)),
 ]
 
 
@@ -418,7 +421,7 @@ def test_qlinear_average_pool(attributes, shape, dtype, channels_last):
 
 @pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize(("shape", "axis", "opset"), [((4, 10), -1, 13), ((2, 3, 7), 1, 13), ((2, 3, 5), 1, 12),
-                                                      ((3, 40), 1, 11), ((2, 64, 3), -2, 13)])
+                                                      ((3, 40), 1, 11), ((2, 64, 3), -2, 13), ((4, 3, 2), 0, 13)])
 @pytest.mark.parametrize("constant", [True, False])
 def test_qlinear_softmax(dtype, shape, axis, opset, constant):
     """The usual output parameters (1/256 with zero point 0 or -128) and others; ``constant``: x_scale an

@@ -379,7 +379,8 @@ void products(const Quantized& rows, int64_t M, int64_t K, bool columns, const i
   }
 }
 
-// ---- max pooling (qlinear.cpp's max_pool; conv_integer.cpp's convolutions with a MaxPool after them) ---------------
+// ---- pooling windows (qlinear.cpp's max_pool and qlinear_average_pool; conv_integer.cpp's convolutions with a MaxPool
+// after them) -----------------------------------------------------------------------------------------------------
 
 // The taps of output o along one axis: k in [lo, hi) reads o · stride - begin + k · dilation, inside [0, size).
 struct AxisTaps {
@@ -393,20 +394,77 @@ struct AxisTaps {
     hi = lo;
     while (hi < kernel && at + hi * dilation < size) ++hi;
   }
+  // the outputs [first, last) of `out` whose taps all lie inside [0, size)
+  void inside(int64_t out, int64_t& first, int64_t& last) const {
+    const int64_t top = size - 1 - (kernel - 1) * dilation + begin;  // o · stride <= top
+    first = std::min(out, begin <= 0 ? int64_t{0} : (begin + stride - 1) / stride);
+    last = std::max(first, std::min(out, top < 0 ? int64_t{0} : top / stride + 1));
+  }
+};
+
+// The windows of one plane of three spatial axes (missing ones of size 1), in row-major order of the outputs. A run
+// of windows wholly inside the plane (most of them) along the last axis is whole(at, count): `count` windows, the
+// first one's taps at at + offsets[t] (row-major order of the kernel; offsets: `whole_taps`), each next one's
+// axes[2].stride further (callers loop over taps, then windows: loads independent across windows, vectorised for a
+// stride of 1); a window reaching outside the plane is part(lo, hi, start): per axis the taps [lo, hi) inside the
+// plane, read from start + k · dilation. The tap ranges are computed per row of outputs, not per output.
+struct Windows {
+  AxisTaps axes[3];
+  int64_t out[3] = {1, 1, 1};
+
+  int64_t positions() const { return out[0] * out[1] * out[2]; }
+  int64_t plane() const { return axes[0].size * axes[1].size * axes[2].size; }
+  int64_t taps() const { return axes[0].kernel * axes[1].kernel * axes[2].kernel; }
+  std::vector<int64_t> whole_taps() const {
+    std::vector<int64_t> offsets;
+    offsets.reserve(taps());
+    for (int64_t k0 = 0; k0 < axes[0].kernel; ++k0)
+      for (int64_t k1 = 0; k1 < axes[1].kernel; ++k1)
+        for (int64_t k2 = 0; k2 < axes[2].kernel; ++k2)
+          offsets.push_back(((k0 * axes[0].dilation) * axes[1].size + k1 * axes[1].dilation) * axes[2].size +
+                            k2 * axes[2].dilation);
+    return offsets;
+  }
+
+  template <typename Whole, typename Part>
+  void each(Whole whole, Part part) const {
+    const AxisTaps &a0 = axes[0], &a1 = axes[1], &a2 = axes[2];
+    int64_t first, last, lo[3], hi[3], start[3];
+    a2.inside(out[2], first, last);
+    for (int64_t o0 = 0; o0 < out[0]; ++o0) {
+      a0.range(o0, lo[0], hi[0]);
+      start[0] = a0.start(o0);
+      for (int64_t o1 = 0; o1 < out[1]; ++o1) {
+        a1.range(o1, lo[1], hi[1]);
+        start[1] = a1.start(o1);
+        const bool inner = hi[0] - lo[0] == a0.kernel && hi[1] - lo[1] == a1.kernel;
+        const int64_t from = inner ? first : out[2], to = inner ? last : out[2];
+        const int64_t row = (start[0] * a1.size + start[1]) * a2.size;  // meaningful where inner
+        auto edge = [&](int64_t o2) {
+          a2.range(o2, lo[2], hi[2]);
+          start[2] = a2.start(o2);
+          part(lo, hi, start);
+        };
+        for (int64_t o2 = 0; o2 < from; ++o2) edge(o2);
+        if (from < to) whole(row + a2.start(from), to - from);
+        for (int64_t o2 = to; o2 < out[2]; ++o2) edge(o2);
+      }
+    }
+  }
 };
 
 // MaxPool without indices over planes of three spatial axes (missing ones of size 1): each window's largest tap inside
 // the plane, from the type's lowest value (what onnxruntime reads in the padding), or from `fill` for a window that
 // reaches outside the plane where one is given (a constant Pad before the pooling: its padding reads that value); a
 // NaN tap stays the window's value (as torch's max pooling).
-struct MaxPool {
-  AxisTaps axes[3];
-  int64_t out[3] = {1, 1, 1};
+struct MaxPool : Windows {
   const int64_t* fill = nullptr;
+  std::vector<int64_t> offsets;  // whole_taps()
 
   // numbers: [kernel, strides, begins, out, dilations] per spatial axis of `rank`; in: the plane's three sizes
   MaxPool(const int64_t* numbers, int64_t rank, const int64_t (&in)[3], const int64_t* fill_value = nullptr)
       : fill(fill_value) {
+    for (int a = 0; a < 3; ++a) axes[a].size = in[a];
     for (int a = 3 - static_cast<int>(rank); a < 3; ++a) {
       const int64_t d = a - (3 - rank);
       axes[a] = {in[a], numbers[d], numbers[rank + d], numbers[2 * rank + d], numbers[4 * rank + d]};
@@ -414,42 +472,44 @@ struct MaxPool {
       CHECK_VALUE(out[a] >= 0 && axes[a].dilation >= 1 && axes[a].kernel >= 1 && axes[a].stride >= 1,
                   "max_pool: kernel, strides, dilations >= 1 and output sizes >= 0 expected");
     }
+    offsets = whole_taps();
   }
-  int64_t positions() const { return out[0] * out[1] * out[2]; }
-  int64_t plane() const { return axes[0].size * axes[1].size * axes[2].size; }
-  int64_t taps() const { return axes[0].kernel * axes[1].kernel * axes[2].kernel; }
+
+  template <typename T>
+  static T larger(T m, T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      return v > m || std::isnan(v) ? v : m;  // NaN: kept (nothing is larger than it)
+    } else {
+      return v > m ? v : m;
+    }
+  }
 
   template <typename T>
   void operator()(const T* src, T* to) const {  // one plane
-    const AxisTaps &a0 = axes[0], &a1 = axes[1], &a2 = axes[2];
-    int64_t lo[3], hi[3];
-    for (int64_t o0 = 0; o0 < out[0]; ++o0) {
-      a0.range(o0, lo[0], hi[0]);
-      for (int64_t o1 = 0; o1 < out[1]; ++o1) {
-        a1.range(o1, lo[1], hi[1]);
-        for (int64_t o2 = 0; o2 < out[2]; ++o2) {
-          a2.range(o2, lo[2], hi[2]);
-          T m = std::numeric_limits<T>::lowest();
-          if (fill && (hi[0] - lo[0] < a0.kernel || hi[1] - lo[1] < a1.kernel || hi[2] - lo[2] < a2.kernel))
-            m = static_cast<T>(*fill);
-          for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
-            for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
-              const T* row = src + ((a0.start(o0) + k0 * a0.dilation) * a1.size + a1.start(o1) + k1 * a1.dilation) *
-                                       a2.size + a2.start(o2);
-              for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) {
-                const T v = row[k2 * a2.dilation];
-                if constexpr (std::is_floating_point_v<T>) {
-                  m = v > m || std::isnan(v) ? v : m;  // NaN: kept (nothing is larger than it)
-                } else {
-                  m = v > m ? v : m;
-                }
-              }
-            }
-          }
-          *to++ = m;
+    const T lowest = std::numeric_limits<T>::lowest();
+    const int64_t step = axes[2].stride;
+    each([&](int64_t at, int64_t count) {
+      for (int64_t o = 0; o < count; ++o) to[o] = lowest;
+      for (const int64_t tap : offsets) {
+        const T* w = src + at + tap;
+        if (step == 1) {
+          for (int64_t o = 0; o < count; ++o) to[o] = larger(to[o], w[o]);
+        } else {
+          for (int64_t o = 0; o < count; ++o) to[o] = larger(to[o], w[o * step]);
         }
       }
-    }
+      to += count;
+    }, [&](const int64_t* lo, const int64_t* hi, const int64_t* start) {
+      T m = fill ? static_cast<T>(*fill) : lowest;
+      for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
+        for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
+          const T* row = src + ((start[0] + k0 * axes[0].dilation) * axes[1].size + start[1] + k1 * axes[1].dilation) *
+                                   axes[2].size + start[2];
+          for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) m = larger(m, row[k2 * axes[2].dilation]);
+        }
+      }
+      *to++ = m;
+    });
   }
 };
 

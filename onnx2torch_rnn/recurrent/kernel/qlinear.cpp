@@ -28,14 +28,14 @@
 //       qlinear_matmul, then qlinear_add of each value and a constant's value for its column (one rounding each, as
 //       the two ops): terms float32 [x_ratio, y_ratio, offset, the constant per column (N)]; numbers as
 //       qlinear_matmul's plus 1 where the product is qlinear_add's x (else y)
-//   qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor
-//       numbers: int64 [x_zero, y_zero, count_include_pad, kernel, strides, begins, out] (per spatial axis; one
-//       tensor the module keeps per input shape: numbers and lists are boxed at every call of an op, a tensor is
-//       passed as it is).
+//   qlinear_average_pool(Tensor x, Tensor numbers) -> Tensor
+//       numbers: int64 [x_zero, y_zero, count_include_pad, bits of the float32 x_scale and y_scale, kernel, strides,
+//       begins, out] (per spatial axis; one tensor the module keeps per input shape: numbers and lists are boxed at
+//       every call of an op, a tensor is passed as it is).
 //       x [N, C, 1-3 spatial]: each window's dequantized taps summed in row-major order in float32 (taps in the
 //       padding skipped: they add +0), divided by its count, by y_scale, plus y_zero, rounded, saturated
-//   qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero,
-//                               bool channels_last) -> Tensor
+//   qlinear_global_average_pool(Tensor x, Tensor numbers) -> Tensor
+//       numbers: int64 [x_zero, y_zero, channels_last, bits of the float32 x_scale and y_scale];
 //       float32(Σ (x - x_zero)) * (x_scale / (y_scale * size)), rounded, plus y_zero, saturated; [N, C, 1, ...]
 //       ([N, 1, ..., C] channels last)
 //   qlinear_concat(Tensor[] xs, Tensor tables, int axis) -> Tensor
@@ -48,9 +48,10 @@
 //       a NaN tap stays the window's value (as torch's max pooling, the reference). numbers: int64 [kernel,
 //       strides, begins, out, dilations] (per spatial axis; kept per input shape) [+ fill, 8-bit x: the value a
 //       window reaching outside x starts from: a constant Pad before it, fused (modules/nn.py: MaxPool's padding)]
-//   qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor
-//       rows [R, L]: v = table[(q + top - max(row)) & 0xFF] (top 255, or 127 for int8), Σ v in order in float32,
-//       saturate(round_half_even(v * inverse / Σ) + y_zero)
+//   qlinear_softmax(Tensor x, Tensor table, Tensor numbers) -> Tensor
+//       numbers: int64 [L, inner, y_zero, bits of the float32 inverse]; x [R, L, inner] (any shape of that many
+//       values), each row its L values `inner` apart: v = table[(q + top - max(row)) & 0xFF] (top 255, or 127 for
+//       int8), Σ v in order in float32, saturate(round_half_even(v * inverse / Σ) + y_zero)
 //
 // "convert" is MLAS's cvtps2dq and saturating packs: NaN and values past the int32 range give the lowest value.
 // Float operations round one by one as in the Python reference (contraction off below), the fused ones explicit.
@@ -309,10 +310,6 @@ Tensor qlinear_lookup_cpu(const Tensor& x, const Tensor& table) {
   return out;
 }
 
-struct Window {  // three spatial axes (missing ones of size 1)
-  int64_t in[3], out[3], kernel[3], stride[3], begin[3];
-};
-
 // The int64 numbers of an op's call: their count checked once, then read one by one.
 struct Numbers {
   const int64_t* p;
@@ -330,79 +327,14 @@ struct Numbers {
     const int64_t d = a - (3 - rank);
     return d >= 0 ? p[first + d] : absent;
   }
-};
-
-Window window(const Tensor& x, const Numbers& n) {
-  const int64_t rank = x.dim() - 2;
-  CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous(), "qlinear_average_pool: x [N, C, 1-3 spatial axes] "
-              "expected");
-  n.expect(3 + 4 * rank, "qlinear_average_pool");
-  Window w;
-  for (int a = 0; a < 3; ++a) {
-    const int64_t d = a - (3 - rank);
-    w.in[a] = d >= 0 ? x.size(2 + d) : 1;
-    w.kernel[a] = n.axis(3, rank, a, 1);
-    w.stride[a] = n.axis(3 + rank, rank, a, 1);
-    w.begin[a] = n.axis(3 + 2 * rank, rank, a, 0);
-    w.out[a] = n.axis(3 + 3 * rank, rank, a, 1);
+  // the float32 whose bits are number i (a scale: exact, and no scalar argument to box)
+  float real(int64_t i) const {
+    const auto bits = static_cast<uint32_t>(p[i]);
+    float value;
+    std::memcpy(&value, &bits, sizeof(float));
+    return value;
   }
-  return w;
-}
-
-Tensor qlinear_average_pool_cpu(const Tensor& x, const Tensor& numbers, double x_scale, double y_scale) {
-  const Numbers n(numbers, "qlinear_average_pool");
-  const Window w = window(x, n);
-  const int64_t rank = x.dim() - 2, x_zero = n.p[0], y_zero = n.p[1];
-  const bool count_include_pad = n.p[2] != 0;
-  std::vector<int64_t> shape{x.size(0), x.size(1)};
-  for (int a = 3 - static_cast<int>(rank); a < 3; ++a) shape.push_back(w.out[a]);
-  Tensor out = output(shape, x.scalar_type());
-  const float xs = static_cast<float>(x_scale), ys = static_cast<float>(y_scale), zy = static_cast<float>(y_zero);
-  const float whole = static_cast<float>(w.kernel[0] * w.kernel[1] * w.kernel[2]);
-  const int64_t plane = w.in[0] * w.in[1] * w.in[2], positions = w.out[0] * w.out[1] * w.out[2];
-  // the taps [lo, hi) of axis a that lie in the input for output o
-  auto taps = [&w](int a, int64_t o, int64_t& lo, int64_t& hi, int64_t& start) {
-    start = o * w.stride[a] - w.begin[a];
-    lo = std::max<int64_t>(0, -start);
-    hi = std::max(lo, std::min(w.kernel[a], w.in[a] - start));
-  };
-  with_type(x.scalar_type(), [&](auto type) {
-    using T = decltype(type);
-    float dequantized[256];  // float32(q - x_zero) * x_scale by q's byte, as each tap computes it
-    for (int v = 0; v < 256; ++v)
-      dequantized[v] = static_cast<float>(static_cast<int32_t>(static_cast<T>(v)) - static_cast<int32_t>(x_zero)) * xs;
-    const uint8_t* q = static_cast<const uint8_t*>(x.const_data_ptr());
-    T* y = static_cast<T*>(out.mutable_data_ptr());
-    torch::stable::parallel_for(0, x.size(0) * x.size(1), std::max<int64_t>(1, kGrain / std::max<int64_t>(1, positions)),
-                     [&](int64_t begin, int64_t end) {
-      for (int64_t image = begin; image < end; ++image) {
-        const uint8_t* src = q + image * plane;
-        T* dst = y + image * positions;
-        int64_t lo[3], hi[3], start[3];
-        for (int64_t o0 = 0; o0 < w.out[0]; ++o0) {
-          taps(0, o0, lo[0], hi[0], start[0]);
-          for (int64_t o1 = 0; o1 < w.out[1]; ++o1) {
-            taps(1, o1, lo[1], hi[1], start[1]);
-            for (int64_t o2 = 0; o2 < w.out[2]; ++o2, ++dst) {
-              taps(2, o2, lo[2], hi[2], start[2]);
-              float total = 0.0f;  // the taps in row-major order (those in the padding skipped: they add +0)
-              for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
-                for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
-                  const uint8_t* row = src + ((start[0] + k0) * w.in[1] + start[1] + k1) * w.in[2] + start[2];
-                  for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) total += dequantized[row[k2]];
-                }
-              }
-              const int64_t count = (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]);
-              const float counted = count_include_pad ? whole : static_cast<float>(count);
-              *dst = saturate<T>(std::nearbyint(total / counted / ys + zy));
-            }
-          }
-        }
-      }
-    });
-  });
-  return out;
-}
+};
 
 // Calls f(begin, end) over [0, count): in parallel (torch's thread pool) where the work (`cost` per item) is worth
 // it, else here (a parallel_for costs about a microsecond).
@@ -414,6 +346,82 @@ void maybe_parallel(int64_t count, int64_t cost, Fn&& f) {
   } else {
     torch::stable::parallel_for(0, count, grain, f);
   }
+}
+
+// totals[o] += float32(from[o · step] - zero) · scale for o < count (a function of its own: nothing aliases, and
+// steps 1 and 2 are vectorised)
+template <typename T>
+void add_dequantized(float* __restrict totals, const T* __restrict from, int64_t step, int64_t count, int32_t zero,
+                     float scale) {
+  auto add = [&](auto stride) {
+    for (int64_t o = 0; o < count; ++o)
+      totals[o] += static_cast<float>(static_cast<int32_t>(from[o * stride]) - zero) * scale;
+  };
+  if (step == 1) {
+    add(std::integral_constant<int64_t, 1>{});
+  } else if (step == 2) {
+    add(std::integral_constant<int64_t, 2>{});
+  } else {
+    add(step);
+  }
+}
+
+Tensor qlinear_average_pool_cpu(const Tensor& x, const Tensor& numbers) {
+  const Numbers n(numbers, "qlinear_average_pool");
+  const int64_t rank = x.dim() - 2;
+  CHECK_VALUE(rank >= 1 && rank <= 3 && x.is_contiguous(), "qlinear_average_pool: x [N, C, 1-3 spatial axes] "
+              "expected");
+  n.expect(5 + 4 * rank, "qlinear_average_pool");
+  int8::Windows w;
+  for (int a = 0; a < 3; ++a) {
+    const int64_t d = a - (3 - rank);
+    w.axes[a] = {d >= 0 ? x.size(2 + d) : 1, n.axis(5, rank, a, 1), n.axis(5 + rank, rank, a, 1),
+                 n.axis(5 + 2 * rank, rank, a, 0), 1};
+    w.out[a] = n.axis(5 + 3 * rank, rank, a, 1);
+    CHECK_VALUE(w.out[a] >= 0 && w.axes[a].kernel >= 1 && w.axes[a].stride >= 1, "qlinear_average_pool: kernel, "
+                "strides >= 1 and output sizes >= 0 expected");
+  }
+  const int32_t x_zero = static_cast<int32_t>(n.p[0]);
+  const bool count_include_pad = n.p[2] != 0;
+  const float xs = n.real(3), ys = n.real(4), zy = static_cast<float>(n.p[1]);
+  std::vector<int64_t> shape{x.size(0), x.size(1)};
+  for (int a = 3 - static_cast<int>(rank); a < 3; ++a) shape.push_back(w.out[a]);
+  Tensor out = output(shape, x.scalar_type());
+  const std::vector<int64_t> offsets = w.whole_taps();
+  const int64_t plane = w.plane(), positions = w.positions(), step = w.axes[2].stride;
+  const float whole = static_cast<float>(offsets.size());
+  with_type(x.scalar_type(), [&](auto type) {
+    using T = decltype(type);
+    const T* q = static_cast<const T*>(x.const_data_ptr());
+    T* y = static_cast<T*>(out.mutable_data_ptr());
+    maybe_parallel(x.size(0) * x.size(1), positions * w.taps(), [&](int64_t begin, int64_t end) {
+      std::vector<float> totals(w.out[2]);
+      for (int64_t image = begin; image < end; ++image) {
+        const T* src = q + image * plane;
+        T* dst = y + image * positions;
+        // each tap dequantized, float32(q - x_zero) * x_scale; the taps summed in row-major order (those in the
+        // padding skipped: they add +0), divided by their count, by y_scale, plus y_zero
+        w.each([&](int64_t at, int64_t count) {
+          std::fill_n(totals.begin(), count, 0.0f);
+          for (const int64_t tap : offsets) add_dequantized(totals.data(), src + at + tap, step, count, x_zero, xs);
+          for (int64_t o = 0; o < count; ++o) totals[o] = totals[o] / whole / ys + zy;
+          for (int64_t o = 0; o < count; ++o) *dst++ = saturate<T>(std::nearbyint(totals[o]));
+        }, [&](const int64_t* lo, const int64_t* hi, const int64_t* start) {
+          float total = 0.0f;
+          for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
+            for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
+              const T* row = src + ((start[0] + k0) * w.axes[1].size + start[1] + k1) * w.axes[2].size + start[2];
+              for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2)
+                total += static_cast<float>(static_cast<int32_t>(row[k2]) - x_zero) * xs;
+            }
+          }
+          const float count = static_cast<float>((hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]));
+          *dst++ = saturate<T>(std::nearbyint(total / (count_include_pad ? whole : count) / ys + zy));
+        });
+      }
+    });
+  });
+  return out;
 }
 
 Tensor max_pool_cpu(const Tensor& x, const Tensor& numbers) {
@@ -445,63 +453,69 @@ Tensor max_pool_cpu(const Tensor& x, const Tensor& numbers) {
   return y;
 }
 
-Tensor qlinear_global_average_pool_cpu(const Tensor& x, double x_scale, int64_t x_zero, double y_scale,
-                                           int64_t y_zero, bool channels_last) {
+Tensor qlinear_global_average_pool_cpu(const Tensor& x, const Tensor& numbers) {
+  const Numbers n(numbers, "qlinear_global_average_pool");
+  n.expect(5, "qlinear_global_average_pool");
   CHECK_VALUE(x.dim() >= 3 && x.is_contiguous(), "qlinear_global_average_pool: contiguous x [N, C, spatial] "
                     "expected");
-  const int64_t N = x.size(0), C = channels_last ? x.size(-1) : x.size(1);
+  const bool channels_last = n.p[2] != 0;
+  const int64_t N = x.size(0), C = channels_last ? x.size(-1) : x.size(1), x_zero = n.p[0];
   const int64_t size = x.numel() / std::max<int64_t>(1, N * C);
   std::vector<int64_t> shape(x.dim(), 1);
   shape[0] = N;
   shape[channels_last ? x.dim() - 1 : 1] = C;
   Tensor out = output(shape, x.scalar_type());
-  const float multiplier = static_cast<float>(x_scale) / (static_cast<float>(y_scale) * static_cast<float>(size));
-  const float zy = static_cast<float>(y_zero);
+  const float multiplier = n.real(3) / (n.real(4) * static_cast<float>(size));
+  const float zy = static_cast<float>(n.p[1]);
   with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
     const T* q = static_cast<const T*>(x.const_data_ptr());
     T* y = static_cast<T*>(out.mutable_data_ptr());
-    std::vector<int64_t> sums(N * C, 0);
-    for (int64_t n = 0; n < N; ++n) {
+    for (int64_t b = 0; b < N; ++b) {
       for (int64_t c = 0; c < C; ++c) {
         int64_t sum = 0;
         if (channels_last) {
-          for (int64_t s = 0; s < size; ++s) sum += q[(n * size + s) * C + c];
+          for (int64_t s = 0; s < size; ++s) sum += q[(b * size + s) * C + c];
         } else {
-          for (int64_t s = 0; s < size; ++s) sum += q[(n * C + c) * size + s];
+          for (int64_t s = 0; s < size; ++s) sum += q[(b * C + c) * size + s];
         }
         const float acc = static_cast<float>(sum - size * x_zero);  // exact integer, rounded once to float32
-        y[n * C + c] = saturate<T>(std::nearbyint(acc * multiplier) + zy);
+        y[b * C + c] = saturate<T>(std::nearbyint(acc * multiplier) + zy);
       }
     }
   });
   return out;
 }
 
-Tensor qlinear_softmax_cpu(const Tensor& rows, const Tensor& table, double inverse, int64_t y_zero) {
-  CHECK_VALUE(rows.dim() == 2 && rows.is_contiguous() && table.scalar_type() == ScalarType::Float &&
-                        table.is_contiguous() && table.numel() == 256, "qlinear_softmax: contiguous rows [R, L] and "
-                    "a float32 table of 256 values expected");
-  Tensor out = output(sizes_of(rows), rows.scalar_type());
-  const int64_t R = rows.size(0), L = rows.size(1);
+Tensor qlinear_softmax_cpu(const Tensor& x, const Tensor& table, const Tensor& numbers) {
+  const Numbers n(numbers, "qlinear_softmax");
+  n.expect(4, "qlinear_softmax");
+  const int64_t L = n.p[0], inner = n.p[1];
+  CHECK_VALUE(x.is_contiguous() && table.scalar_type() == ScalarType::Float && table.is_contiguous() &&
+                  table.numel() == 256 && L >= 1 && inner >= 1 && x.numel() % (L * inner) == 0,
+              "qlinear_softmax: contiguous x [R, L, inner] and a float32 table of 256 values expected");
+  Tensor out = output(sizes_of(x), x.scalar_type());
+  const int64_t R = x.numel() / (L * inner);
   const float* t = table.const_data_ptr<float>();
-  const float inv = static_cast<float>(inverse), zy = static_cast<float>(y_zero);
-  with_type(rows.scalar_type(), [&](auto type) {
+  const float inv = n.real(3), zy = static_cast<float>(n.p[2]);
+  with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
     const int32_t top = std::numeric_limits<T>::max();
-    const T* q = static_cast<const T*>(rows.const_data_ptr());
+    const T* q = static_cast<const T*>(x.const_data_ptr());
     T* y = static_cast<T*>(out.mutable_data_ptr());
     std::vector<float> values(L);
-    for (int64_t r = 0; r < R; ++r) {
-      const T* row = q + r * L;
+    for (int64_t r = 0; r < R * inner; ++r) {  // row r: L values `inner` apart
+      const int64_t first = (r / inner) * L * inner + r % inner;
+      const T* row = q + first;
       int32_t high = std::numeric_limits<T>::min();
-      for (int64_t k = 0; k < L; ++k) high = std::max<int32_t>(high, row[k]);
+      for (int64_t k = 0; k < L; ++k) high = std::max<int32_t>(high, row[k * inner]);
       float total = 0.0f;
       for (int64_t k = 0; k < L; ++k) {
-        values[k] = t[(static_cast<int32_t>(row[k]) + top - high) & 0xFF];
+        values[k] = t[(static_cast<int32_t>(row[k * inner]) + top - high) & 0xFF];
         total = k == 0 ? values[k] : total + values[k];
       }
-      for (int64_t k = 0; k < L; ++k) y[r * L + k] = saturate<T>(std::nearbyint(values[k] * inv / total) + zy);
+      for (int64_t k = 0; k < L; ++k)
+        y[first + k * inner] = saturate<T>(std::nearbyint(values[k] * inv / total) + zy);
     }
   });
   return out;
@@ -639,11 +653,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
         "Tensor? bias, Tensor numbers) -> Tensor");
   m.def("qlinear_matmul_add(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, "
         "Tensor? bias, Tensor numbers, Tensor terms) -> Tensor");
-  m.def("qlinear_average_pool(Tensor x, Tensor numbers, float x_scale, float y_scale) -> Tensor");
-  m.def("qlinear_global_average_pool(Tensor x, float x_scale, int x_zero, float y_scale, int y_zero, "
-        "bool channels_last) -> Tensor");
+  m.def("qlinear_average_pool(Tensor x, Tensor numbers) -> Tensor");
+  m.def("qlinear_global_average_pool(Tensor x, Tensor numbers) -> Tensor");
   m.def("max_pool(Tensor x, Tensor numbers) -> Tensor");
-  m.def("qlinear_softmax(Tensor rows, Tensor table, float inverse, int y_zero) -> Tensor");
+  m.def("qlinear_softmax(Tensor x, Tensor table, Tensor numbers) -> Tensor");
   m.def("qlinear_concat(Tensor[] xs, Tensor tables, int axis) -> Tensor");
 }
 
