@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import struct
 from types import MappingProxyType
 
@@ -523,14 +524,10 @@ class QLinearConv(Conv, _Folded):
 
     def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                 y_zero_point=None, B=None):
-        if self.folded and x.dtype in BYTES and native(x):  # the converter's case: two lookups, one call
-            numbers = kept_geometry(self, (x.shape, x.dtype),
-                                    lambda: self._numbers(x, self.folded_values({})[0], pooled=True))
-            if numbers is not None:
-                operands = kept_operands(self, ("w", "w_zero_point", "multiplier", "B"), self._operands)
-                table = None if self.lookup is None else self.lookup.constant_table
-                return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), *operands, numbers,
-                                                    table)
+        if self.folded and x.dtype in BYTES and native(x):  # the converter's case: one kept lookup, one call
+            call = self._native_call(x)
+            if call:
+                return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), *call)
         y = self._convolve(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B)
         y = y if self.lookup is None else self.lookup(y)
         return y if self.pool is None else self.pool(y)
@@ -551,6 +548,26 @@ class QLinearConv(Conv, _Folded):
         if B is not None:  # + the int32 bias as onnxruntime adds it
             acc = acc + _channel(B.to(acc.dtype), acc.dim())
         return requantize(acc, _channel(multiplier, acc.dim()), v["y_zero_point"], dtype)
+
+    def _native_call(self, x: Tensor) -> tuple:
+        """qlinear_conv's arguments after x with the folded constants, () where it does not take this input: the
+        packed weights and the lookup's table, kept while the buffers are the same tensors at the same versions
+        (``kept_values``), with the numbers of each input shape (kept alike)."""
+        buffers, lookup = buffer_dict(self), self._modules.get("lookup")  # __getattr__ would cost a microsecond
+        table = None if lookup is None else buffer_dict(lookup)["constant_table"]
+        calls, operands = kept_values(self, [buffers["w"], buffers["w_zero_point"], buffers["multiplier"],
+                                             buffers["B"], table], self._calls)
+        call = calls.get((x.shape, x.dtype))
+        if call is None:
+            if len(calls) >= 64:  # many input sizes: start over
+                calls.clear()
+            numbers = self._numbers(x, self.folded_values({})[0], pooled=True)
+            call = calls[x.shape, x.dtype] = () if numbers is None else (*operands, numbers, table)
+        return call
+
+    def _calls(self, w, w_zero_point, multiplier, B, table) -> tuple[dict, tuple]:
+        """An empty dict of qlinear_conv's arguments per input shape, and its operands for these buffers."""
+        return {}, self._operands(w, w_zero_point, multiplier, B)
 
     def _operands(self, w: Tensor, w_zero_point: Tensor | None, multiplier: Tensor, B: Tensor | None) -> tuple:
         """qlinear_conv's operands between x and the numbers: w packed (``packed_conv``), the multiplier and the
@@ -752,13 +769,13 @@ def kept_operands(module: Module, names: tuple[str | None, ...], prepare):
 
 def kept_values(module: Module, values: list[Tensor | None], prepare):
     """``prepare(*values)``, kept as ``kept_operands`` keeps it (tensors from anywhere: a child's buffers too)."""
-    try:  # identities are safe to compare: the kept values hold the tensors
-        state = [None if t is None else (id(t), t._version) for t in values]
+    try:
+        versions = [None if t is None else t._version for t in values]
     except RuntimeError:
         return prepare(*values)
-    kept = module.__dict__.get("_kept_operands")
-    if kept is None or kept[0] != state:
-        kept = module.__dict__["_kept_operands"] = (state, values, prepare(*values))
+    kept = module.__dict__.get("_kept_operands")  # identities are safe to compare: the kept values hold the tensors
+    if kept is None or kept[0] != versions or not all(map(operator.is_, values, kept[1])):
+        kept = module.__dict__["_kept_operands"] = (versions, values, prepare(*values))
     return kept[2]
 
 
