@@ -124,13 +124,14 @@ CONVS = [({"pads": [1, 1, 1, 1]}, (1, 3, 16, 16), (8, 3, 3, 3)), ({"strides": [2
 @pytest.mark.parametrize("types", [(torch.uint8, torch.int8), (torch.int8, torch.int8), (torch.uint8, torch.uint8)])
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("after", [None, "pool", "lookup"])
+@pytest.mark.parametrize("after", ["", "pool", "lookup", "quantize", "quantize, pool"])
 def test_qlinear_conv(monkeypatch, attributes, x_shape, w_shape, types, per_channel, bias, after):
-    """``after``: a MaxPool or a QLinearLookup after it (passes/quantized.py), in the native call with folded
-    constants."""
+    """``after``: a MaxPool or a QLinearLookup after it, or the QuantizeLinear of a float x before it
+    (passes/quantized.py), in the native call with folded constants; the quantization's zero point need not be
+    the convolution's (both are used as given)."""
     g = torch.Generator().manual_seed(len(x_shape) + per_channel + 2 * bias)
     rank, x_type = len(x_shape) - 2, types[0]
-    if after == "pool":
+    if after.endswith("pool"):
         attributes = {**attributes, "pool": MaxPool([2] * rank, pads=[1] * rank + [0] * rank, strides=[2] * rank,
                                                     ceil_mode=int(per_channel))}
     elif after == "lookup":
@@ -143,6 +144,11 @@ def test_qlinear_conv(monkeypatch, attributes, x_shape, w_shape, types, per_chan
                  "y_scale": scales(g, (), 0.05, 0.3), "y_zero_point": zero_point(g, x_type),
                  "B": torch.randint(-3000, 3000, (w_shape[0],), generator=g, dtype=torch.int32) if bias else None}
     x = ints(g, x_type, x_shape)
+    if after.startswith("quantize"):  # floats over the quantization's range and past it, NaN and infinities
+        parameters = (scales(g, (), 0.01, 0.05), zero_point(g, x_type))
+        attributes = {**attributes, "quantize": q.QuantizeLinear(output_dtype=x_type, constants=parameters)}
+        x = torch.randn(x_shape, generator=g) * 4
+        x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])[:x.numel()]
     _requantized(monkeypatch, q.QLinearConv, constants, [x, *constants.values()], attributes, "qlinear_conv")
 
 

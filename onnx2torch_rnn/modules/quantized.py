@@ -516,18 +516,20 @@ class QLinearConv(Conv, _Folded):
     FOLDED = ("x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "B")
 
     def __init__(self, constants: dict[str, Tensor | None] | None = None, pool: MaxPool | None = None,
-                 lookup: QLinearLookup | None = None, **attributes):
+                 lookup: QLinearLookup | None = None, quantize: QuantizeLinear | None = None, **attributes):
         super().__init__(**attributes)
         self.fold(constants, _conv_multiplier)
-        # a MaxPool or a QLinearLookup after it (passes/quantized.py), in the native call with folded constants
-        self.pool, self.lookup = pool, lookup
+        # a MaxPool or a QLinearLookup after it, the QuantizeLinear that makes its x from floats before it
+        # (passes/quantized.py): in the native call with folded constants
+        self.pool, self.lookup, self.quantize = pool, lookup, quantize
 
     def forward(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                 y_zero_point=None, B=None):
-        if self.folded and x.dtype in BYTES and native(x):  # the converter's case: one kept lookup, one call
+        if self.folded and native(x):  # the converter's case: one kept lookup, one call
             call = self._native_call(x)
             if call:
                 return _NATIVE.qlinear_conv.default(x if x.is_contiguous() else x.contiguous(), *call)
+        x = x if self.quantize is None else self.quantize(x)
         y = self._convolve(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B)
         y = y if self.lookup is None else self.lookup(y)
         return y if self.pool is None else self.pool(y)
@@ -578,13 +580,19 @@ class QLinearConv(Conv, _Folded):
     def _numbers(self, x: Tensor, v: dict, multiplier: Tensor | None = None, zero=None,
                  pooled: bool = False) -> Tensor | None:
         """The native kernel's qlinear_conv numbers (recurrent/kernel/conv_integer.cpp: zero points, output type,
-        group, kernel, geometry; ``pooled``: then the MaxPool's, if any) where it takes this node (8-bit, 1-3 spatial
-        axes, x's zero point one value, w's one or per output channel, an int32 bias per output channel), else None.
-        Folded: computed once per input shape (the multiplier a buffer)."""
+        group, kernel, geometry; ``pooled``, the fused call: with the quantization of a float x where a
+        QuantizeLinear comes first, then the MaxPool's, if any) where it takes this node (8-bit x, or float32 x with
+        a QuantizeLinear of folded per-tensor parameters to 8 bits; 1-3 spatial axes, x's zero point one value, w's
+        one or per output channel, an int32 bias per output channel), else None. Folded: computed once per input
+        shape (the multiplier a buffer)."""
         if multiplier is None:
             multiplier, zero = buffer_dict(self)["multiplier"], self.y_zero
         w, x_zero_point, w_zero_point, B = v["w"], v["x_zero_point"], v["w_zero_point"], v["B"]
-        dtype = v["y_zero_point"].dtype
+        dtype, quantizing = v["y_zero_point"].dtype, pooled and self.quantize is not None
+        quantization = self.quantize.numbers if quantizing else None  # [scale bits, zero point, type: 0 or 1]
+        if not (x.dtype == torch.float32 and quantization is not None and int(quantization[2]) in (0, 1)
+                if quantizing else x.dtype in BYTES):
+            return None
         if not (w.dtype in BYTES and dtype in BYTES and 3 <= x.dim() <= 5 and w.dim() == x.dim()
                 and x.shape[1] == w.shape[1] * self.group and w.shape[0] % self.group == 0
                 and (x_zero_point is None or x_zero_point.numel() == 1) and multiplier.dtype == torch.float32
@@ -600,8 +608,8 @@ class QLinearConv(Conv, _Folded):
                 self.pool is not None or table is None or table.dtype != dtype or not table.is_contiguous())):
             return None
         x_zero = 0 if x_zero_point is None else int(x_zero_point)
-        return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), self.group, *conv_numbers(w, *geometry),
-                             *pool], dtype=torch.int64)
+        return torch.tensor([x_zero, int(zero), int(dtype == torch.int8), *([] if quantization is None else
+                             quantization.tolist()), self.group, *conv_numbers(w, *geometry), *pool], dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------------------------- com.microsoft ops

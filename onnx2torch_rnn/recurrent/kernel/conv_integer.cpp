@@ -27,7 +27,10 @@
 //       [x_zero, y_zero, 1 for an int8 output (else uint8), group, kernel, strides, pads (begins, ends), dilations]
 //       (per spatial axis; one tensor the module keeps per input shape: lists are boxed at every call, a tensor is
 //       passed as it is) [+ a MaxPool's numbers, as dynamic_quantized_conv's]; table: 256 values of the output type
-//       or None: each output y becomes table[y - lowest] (a QLinearLeakyRelu / QLinearSigmoid after it, fused)
+//       or None: each output y becomes table[y - lowest] (a QLinearLeakyRelu / QLinearSigmoid after it, fused).
+//       A float32 x (contiguous) is quantized first as quantize_linear quantizes it (the QuantizeLinear before the
+//       convolution, fused): numbers then [x_zero, y_zero, int8 output, bits of its float32 scale, its zero point,
+//       1 for int8 (else uint8), group, ...]
 //
 // im2col and an integer product: a tile of output positions gathers its inputs (uint8; int8 shifted by 128) from
 // x padded with its zero point, as rows of taps, times each group's weight panels with the zero points as row and
@@ -392,16 +395,37 @@ Tensor qlinear_conv_cpu(const Tensor& x, const Tensor& panels, const Tensor& col
               "qlinear_conv: a table of 256 values of the output type expected");
   int64_t group = 1;
   const int64_t* pool = nullptr;
-  const Geometry s = numbered_geometry(x, numbers, 3, M, group, pool, "qlinear_conv");  // after x_zero, y_zero, int8
+  // after x_zero, y_zero, int8 [, a float x's quantization: scale bits, zero point, 1 for int8]
+  const bool quantizing = x.scalar_type() == ScalarType::Float;
+  const Geometry s = numbered_geometry(x, numbers, quantizing ? 6 : 3, M, group, pool, "qlinear_conv");
   const int64_t* n = numbers.const_data_ptr<int64_t>();
   const int64_t N = x.size(0), C = x.size(1), positions = s.out[0] * s.out[1] * s.out[2];
   const Weights weights = packed_weights(panels, column_sums, offsets, M, group, taps_of(s, C, group), "qlinear_conv");
   const ScalarType dtype = n[2] ? ScalarType::Char : ScalarType::Byte;
+  const void* data = x.const_data_ptr();
+  bool x_signed = x.scalar_type() == ScalarType::Char;
+  std::vector<uint8_t> quantized;  // a float x quantized (QuantizeLinear before the convolution, fused)
+  if (quantizing) {
+    CHECK_VALUE(x.is_contiguous() && (n[5] == 0 || n[5] == 1), "qlinear_conv: contiguous float32 x to quantize to "
+                "uint8 or int8 expected");
+    const auto bits = static_cast<uint32_t>(n[3]);
+    float scale;
+    std::memcpy(&scale, &bits, sizeof(float));
+    quantized.resize(x.numel());
+    x_signed = n[5] == 1;
+    if (x_signed) {
+      quantize(x.const_data_ptr<float>(), x.numel(), scale, static_cast<int32_t>(n[4]),
+               reinterpret_cast<int8_t*>(quantized.data()));
+    } else {
+      quantize(x.const_data_ptr<float>(), x.numel(), scale, static_cast<int32_t>(n[4]), quantized.data());
+    }
+    data = quantized.data();
+  }
   auto run = [&](auto type) {
     using T = decltype(type);
     const Requantize<T> requantize(multiplier, bias, M, n[1], table);
     return convolved<T>(x, M, s, pool, dtype, [&](T* y) {
-      convolve(x.const_data_ptr(), x.scalar_type() == ScalarType::Char, static_cast<int32_t>(n[0]), weights, s, N, C,
+      convolve(data, x_signed, static_cast<int32_t>(n[0]), weights, s, N, C,
                M, group, [&](int64_t image, int64_t m0, int64_t p, I acc, int count) {
                  requantize(acc, m0, count, y + image * M * positions + p, positions);
                });

@@ -296,6 +296,42 @@ inline int32_t quantize(const float* v, int64_t size, Parameters p, uint8_t* q) 
   return sum;
 }
 
+constexpr int64_t kQuantizeGrain = 1 << 15;  // elements per task
+
+// x / scale clamped to [lowest - zero, highest - zero] (NaN to the lowest), rounded half to even (exact: the bounds
+// are integers below 2^22), plus the zero point (MlasQuantizeLinear), for any 8- or 16-bit type T (quantize_linear.cpp's
+// ops; conv_integer.cpp's qlinear_conv of float x). store(j, values, count) takes the values of x[j .. j + count)
+// (count < L only at the end).
+template <typename T, typename Store>
+inline void quantize(const float* x, int64_t n, float scale, int32_t zero_point, Store store) {
+  const float zero = static_cast<float>(zero_point);
+  const float low = static_cast<float>(std::numeric_limits<T>::min()) - zero;
+  const float high = static_cast<float>(std::numeric_limits<T>::max()) - zero;
+  auto convert = [&](F v) {
+    v = v / scale;
+    v = !(v >= low) ? splat(low) : v;
+    v = v > high ? splat(high) : v;
+    return __builtin_convertvector(round_even(v) + zero, I);
+  };
+  torch::stable::parallel_for(0, (n + L - 1) / L, kQuantizeGrain / L, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t j = b * L, count = std::min<int64_t>(L, n - j);
+      // the last values by a partial load (zeros after, not stored): a whole vector would read past x
+      store(j, convert(count == L ? load(x + j) : load(x + j, static_cast<int>(count))), count);
+    }
+  });
+}
+
+// The quantized values as T.
+template <typename T>
+inline void quantize(const float* x, int64_t n, float scale, int32_t zero_point, T* y) {
+  quantize<T>(x, n, scale, zero_point, [y](int64_t j, const I& u, int64_t count) {
+    T values[L];
+    for (int l = 0; l < L; ++l) values[l] = static_cast<T>(u[l]);
+    std::memcpy(y + j, values, sizeof(T) * count);
+  });
+}
+
 // uint8 rows (row stride lda, zeros past the values) with their parameters and row sums: what the products take.
 struct Quantized : Parameters {
   std::vector<uint8_t> q;

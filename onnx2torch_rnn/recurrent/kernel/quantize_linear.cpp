@@ -38,6 +38,7 @@ namespace onnx2torch_rnn {
 namespace {
 
 using int8::allocate;
+using int8::quantize;  // of float32 values to any 8- or 16-bit type (int8.h)
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
@@ -86,41 +87,6 @@ const T* dense_values(const Tensor& t, std::vector<T>& buffer) {
     }
   }
   return buffer.data();
-}
-
-// x / scale clamped to [lowest - zero, highest - zero] (NaN to the lowest), rounded half to even (exact: the bounds
-// are integers below 2^22), plus the zero point: int8.h's quantize for any 8- or 16-bit type T. store(j, values,
-// count) takes the values of x[j .. j + count) (count < L only at the end).
-template <typename T, typename Store>
-void quantize(const float* x, int64_t n, float scale, int32_t zero_point, Store store) {
-  using int8::F;
-  using int8::L;
-  const float zero = static_cast<float>(zero_point);
-  const float low = static_cast<float>(std::numeric_limits<T>::min()) - zero;
-  const float high = static_cast<float>(std::numeric_limits<T>::max()) - zero;
-  auto convert = [&](F v) {
-    v = v / scale;
-    v = !(v >= low) ? splat(low) : v;
-    v = v > high ? splat(high) : v;
-    return __builtin_convertvector(int8::round_even(v) + zero, int8::I);
-  };
-  torch::stable::parallel_for(0, (n + L - 1) / L, kGrain / L, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t j = b * L, count = std::min<int64_t>(L, n - j);
-      // the last values by a partial load (zeros after, not stored): a whole vector would read past x
-      store(j, convert(count == L ? load(x + j) : load(x + j, static_cast<int>(count))), count);
-    }
-  });
-}
-
-// The quantized values as T.
-template <typename T>
-void quantize(const float* x, int64_t n, float scale, int32_t zero_point, T* y) {
-  quantize<T>(x, n, scale, zero_point, [y](int64_t j, const int8::I& u, int64_t count) {
-    T values[int8::L];
-    for (int l = 0; l < int8::L; ++l) values[l] = static_cast<T>(u[l]);
-    std::memcpy(y + j, values, sizeof(T) * count);
-  });
 }
 
 // The quantized values dequantized: float32(q - zero) * scale, q - zero exact in int32 (both of T's range).
