@@ -32,6 +32,8 @@ fallbacks keep the package working, more slowly or less completely, if a release
 - ``torch._dynamo.graph_break(msg=...)``: where a control-flow node has no structured form, compiling breaks the
   graph there with the reason (fullgraph=True turns it into an error that shows it). Fallback: no break is forced;
   Dynamo then stops at the first data-dependent value of the Python path, with its own message.
+- ``torch._ops.OpOverload._op``: the C++ callable an op overload's ``__call__`` wraps in a Python frame (a quarter
+  microsecond, which a small int8 node's eager call notices; torch >= 1.13). Fallback: the overload itself.
 - ``torch.ops.mkldnn._reorder_convolution_weight`` / ``_convolution_pointwise``: oneDNN's convolution on a weight
   reordered once into its blocked layout (what inductor's freezing uses; x86 builds of torch >= 2.1). Fallback: None
   (the inference path of a convolution then runs torch's own, which reorders the weight on every call).
@@ -94,6 +96,12 @@ def has_forward_hooks(module: nn.Module) -> bool:
                     or module_internals._global_forward_pre_hooks)
     except AttributeError:
         return True
+
+
+def op_callable(overload: Callable) -> Callable:
+    """What calling the op overload runs, without its Python ``__call__`` (eager calls only: the native kernel's ops
+    are never traced)."""
+    return getattr(overload, "_op", overload)
 
 
 def flat_weight_names(rnn: nn.RNNBase) -> tuple[str, ...]:
