@@ -285,6 +285,9 @@ def test_qlinear_concat_and_lookup_tables(monkeypatch, dtype, shapes, axis):
     args = [v for x, p in zip(xs, parameters, strict=True) for v in (x, *p)]
     nones = [v if i % 3 == 0 else None for i, v in enumerate(args)]
     outputs(monkeypatch, "qlinear_concat", [lambda: folded(None, None, *nones), lambda: given(y_scale, y_zero, *args)])
+    strided = [v.transpose(0, -1).contiguous().transpose(0, -1) if i == 0 else v for i, v in enumerate(nones)]
+    assert not strided[0].is_contiguous()
+    outputs(monkeypatch, "qlinear_concat", [lambda: folded(None, None, *strided)])  # a strided input: copied
     lookup = q.QLinearLookup("Sigmoid", None, (scales(g), zero_point(g, dtype), torch.tensor(1 / 256), None))
     x = ints(g, dtype, (3, 7, 5))
     outputs(monkeypatch, "qlinear_lookup", [lambda: lookup(x)])

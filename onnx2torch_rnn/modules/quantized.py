@@ -1276,10 +1276,9 @@ class QLinearConcat(Module):
 
     def forward(self, y_scale, y_zero_point, *tuples):
         xs = tuples[::3]
-        if self.native_tables is not None and len(xs) == self.count and native(xs[0]):
-            tables = kept_operands(self, self.native_tables, self._stacked)
-            if tables is not None and all(x.dtype == tables.dtype and x.is_contiguous() for x in xs):
-                return _NATIVE.qlinear_concat.default(list(xs), tables, self.axis)
+        if self.native_tables is not None and len(xs) == self.count and native(xs[0]) and (
+                tables := kept_operands(self, self.native_tables, self._stacked)) is not None:
+            return _NATIVE.qlinear_concat.default(xs, tables, self.axis)  # checks the inputs' type (the tables')
         parts, buffers = [], buffer_dict(self)
         for index, (x, x_scale, x_zero_point) in enumerate(zip(xs, tuples[1::3], tuples[2::3], strict=True)):
             same = self.same[index] if self.same is not None else self.copies(x_scale, x_zero_point, y_scale,

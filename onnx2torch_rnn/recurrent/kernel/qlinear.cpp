@@ -41,7 +41,7 @@
 //   qlinear_concat(Tensor[] xs, Tensor tables, int axis) -> Tensor
 //       QLinearConcat by constant scales and zero points in one call: input i requantized through row i of tables
 //       [len(xs), 256] (table[x - lowest], an identity row for a copied input), the inputs concatenated along axis
-//       (the same type and rank, the same sizes but along axis; contiguous)
+//       (the same type and rank, the same sizes but along axis)
 //   max_pool(Tensor x, Tensor numbers) -> Tensor
 //       MaxPool without indices on uint8, int8 or float32 x [N, C, 1-3 spatial] (modules/nn.py: MaxPool): each
 //       window's largest tap inside the input, from the type's lowest value (what onnxruntime reads in the padding);
@@ -612,8 +612,8 @@ Tensor qlinear_concat_cpu(const std::vector<Tensor>& xs, const Tensor& tables, i
   CHECK_VALUE(rank >= 1 && axis >= 0 && axis < rank, "qlinear_concat: axis ", axis, " out of range");
   shape[axis] = 0;
   for (const Tensor& x : xs) {
-    CHECK_VALUE(x.scalar_type() == tables.scalar_type() && x.is_contiguous() && x.dim() == rank,
-                "qlinear_concat: contiguous inputs of the tables' type and one rank expected");
+    CHECK_VALUE(x.scalar_type() == tables.scalar_type() && x.dim() == rank,
+                "qlinear_concat: inputs of the tables' type and one rank expected");
     for (int64_t d = 0; d < rank; ++d)
       CHECK_VALUE(d == axis || x.size(d) == shape[d], "qlinear_concat: the inputs' sizes differ off the axis");
     shape[axis] += x.size(axis);
@@ -629,7 +629,8 @@ Tensor qlinear_concat_cpu(const std::vector<Tensor>& xs, const Tensor& tables, i
   int64_t offset = 0;
   for (int64_t i = 0; i < count; ++i) {
     const int64_t chunk = xs[i].size(axis) * inner;
-    const uint8_t* q = static_cast<const uint8_t*>(xs[i].const_data_ptr());
+    const Tensor x = int8::dense(xs[i]);  // a strided view copied (rare: no dispatch otherwise)
+    const uint8_t* q = static_cast<const uint8_t*>(x.const_data_ptr());
     const uint8_t* table = t + 256 * i;
     for (int64_t o = 0; o < outer; ++o) {
       uint8_t* dst = y + o * row + offset;
