@@ -10,7 +10,37 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ..torch_compat import op_callable
+
 LITERAL_MAX_ELEMENTS = 8  # tensor arguments up to this size are kept (and written out by codegen) as they are
+
+
+class NativeOp:
+    """One native op: ``default`` its overload's C++ callable (torch_compat.op_callable), callable as torch.ops'
+    packet is."""
+
+    __slots__ = ("default",)
+
+    def __init__(self, name: str):
+        self.default = op_callable(getattr(torch.ops.onnx2torch_rnn, name).default)
+
+    def __call__(self, *args, **kwargs):
+        return self.default(*args, **kwargs)
+
+
+class NativeOps:
+    """The native kernel's int8 library's ops (recurrent/kernel/quantized_ops.cpp, qlinear.cpp, ...) by name, as
+    torch.ops has them (``NATIVE.qlinear_mul.default(...)``), each looked up on first use (the library registers
+    them when it loads) and kept as an attribute: what an eager call reaches through torch.ops' namespaces and
+    OpOverload.__call__ cost half a microsecond."""
+
+    def __getattr__(self, name: str) -> NativeOp:
+        op = NativeOp(name)
+        setattr(self, name, op)
+        return op
+
+
+NATIVE = NativeOps()
 
 
 def ceil_div(a, b):

@@ -27,37 +27,12 @@ from ..recurrent.cells import Cell, decode
 from ..recurrent.module import Recurrent, StackOps
 from ..recurrent.op import PACKS, _checked, _owned, output_shapes, state_numbers
 from ..recurrent.runtime import needs_grad, recurrent
-from ..torch_compat import buffer_dict, op_callable, parameter_dict
-from .common import Module, attributes_repr, kept_geometry
+from ..torch_compat import buffer_dict, parameter_dict
+from .common import NATIVE, Module, attributes_repr, kept_geometry
 from .nn import AveragePool, Conv, MaxPool, _window_counts, pad
 from .shape import Transpose, broadcast_sizes
 
-
-class _NativeOp:
-    """One native op: ``default`` its overload's C++ callable (torch_compat.op_callable), callable as torch.ops'
-    packet is."""
-
-    __slots__ = ("default",)
-
-    def __init__(self, name: str):
-        self.default = op_callable(getattr(torch.ops.onnx2torch_rnn, name).default)
-
-    def __call__(self, *args, **kwargs):
-        return self.default(*args, **kwargs)
-
-
-class _NativeOps:
-    """The native kernel's int8 ops (recurrent/kernel/quantized_ops.cpp, qlinear.cpp, ...) by name, as torch.ops has
-    them (``_NATIVE.qlinear_mul.default(...)``), each looked up on first use (the library registers them when it
-    loads) and kept as an attribute."""
-
-    def __getattr__(self, name: str) -> _NativeOp:
-        op = _NativeOp(name)
-        setattr(self, name, op)
-        return op
-
-
-_NATIVE = _NativeOps()
+_NATIVE = NATIVE  # the native kernel's int8 ops (tests spy on them here)
 # Their packed weights (int8_matrix_pack, conv_weight_pack, dynamic_quantize_lstm_pack) are kept in recurrent/op.py's
 # PACKS, by the weights' identity and version: the kernel is built against PyTorch's stable ABI, which shows C++
 # neither.

@@ -823,14 +823,29 @@ def test_resize_nearest(opset, coordinate, scales, nearest_mode):
 
 
 @pytest.mark.parametrize(("x_shape", "flat"), [((2, 3, 5, 7), True), ((1, 2, 100, 200), False)])
-@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int8, np.int32])
 def test_resize_nearest_gathers(x_shape, flat, dtype):
     """Static nearest resizing in eager calls: a small output is one gather of the whole tensor by a kept flat index
-    (torch.take), a large one a gather per resized axis; onnxruntime's values either way."""
-    x = RNG.integers(0, 255, x_shape).astype(dtype)
+    (the native take, else torch.take), a large one a gather per resized axis; onnxruntime's values either way."""
+    x = RNG.integers(0, 127, x_shape).astype(dtype)
     module = check(_resize_model(13, x_shape, scales=[1, 1, 2.0, 1.5], mode="nearest", dtype=dtype)[0], {"x": x})
     (kept,) = next(m for m in module.modules() if isinstance(m, nn_modules.Resize)).__dict__["_geometries"].values()
     assert isinstance(kept, torch.Tensor) == flat
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.float16, torch.float32, torch.int64])
+def test_native_take_is_torch_take(dtype):
+    """The native kernel's take (a small image's nearest Resize) moves values of every size as torch.take does, and
+    refuses an index out of range."""
+    if not kernel.load("int8"):
+        pytest.skip("no native kernel here")
+    x = torch.arange(60).reshape(3, 4, 5).to(dtype)
+    index = torch.randint(0, 60, (2, 7, 3), generator=torch.Generator().manual_seed(0))
+    native = torch.ops.onnx2torch_rnn.take(x, index)
+    assert native.dtype == dtype and native.shape == index.shape
+    assert torch.equal(native, torch.take(x, index)) and torch.equal(nn_modules._take(x, index), native)
+    with pytest.raises(RuntimeError, match="take: an index out of range"):
+        torch.ops.onnx2torch_rnn.take(x, torch.tensor([60]))
 
 
 @pytest.mark.parametrize(("opset", "coordinate", "scales"), list(_resize_cases("linear")))

@@ -17,6 +17,9 @@
 //       b_scale) [-> Add bias] in one call: float32 x [..., K] (contiguous) quantized to uint8 over its range, the
 //       exact int32 product with b (packed; offsets [N] int32: 128 for uint8 b, minus b's zero point), then
 //       float32(acc) * (x_scale * scale[j]) [+ bias[j]], each step rounded (scale [1] or [N], bias [N] float32)
+//   take(Tensor x, Tensor index) -> Tensor
+//       torch.take without its dispatch: x's values (contiguous, any type) at the flat int64 indices `index`
+//       (contiguous), shaped as index (a nearest Resize's gather of a small image: modules/nn.py)
 
 #define TORCH_STABLE_ONLY  // PyTorch's stable ABI (int8.h)
 #include <torch/csrc/stable/library.h>
@@ -202,6 +205,35 @@ Tensor dynamic_quantized_matmul_cpu(const Tensor& x, const Tensor& panels, const
   return out;
 }
 
+template <typename T>
+void gather(const Tensor& x, const int64_t* index, int64_t n, Tensor& out) {
+  const T* src = static_cast<const T*>(x.const_data_ptr());
+  T* dst = static_cast<T*>(out.mutable_data_ptr());
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[index[i]];
+}
+
+Tensor take_cpu(const Tensor& x, const Tensor& index) {
+  CHECK_VALUE(x.is_contiguous() && index.is_contiguous() && index.scalar_type() == ScalarType::Long,
+              "take: contiguous x and int64 index expected");
+  const int64_t n = index.numel(), size = x.numel();
+  const int64_t* at = index.const_data_ptr<int64_t>();
+  int64_t low = 0, high = 0;  // one check after a loop without branches
+  for (int64_t i = 0; i < n; ++i) {
+    low = std::min(low, at[i]);
+    high = std::max(high, at[i]);
+  }
+  CHECK_VALUE(low >= 0 && (n == 0 || high < size), "take: an index out of range");
+  Tensor out = allocate(sizes_of(index), x.scalar_type());
+  switch (x.element_size()) {  // the values moved as they are, by their size
+    case 1: gather<uint8_t>(x, at, n, out); break;
+    case 2: gather<uint16_t>(x, at, n, out); break;
+    case 4: gather<uint32_t>(x, at, n, out); break;
+    case 8: gather<uint64_t>(x, at, n, out); break;
+    default: CHECK_VALUE(false, "take: values of 1, 2, 4 or 8 bytes expected");
+  }
+  return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
@@ -212,6 +244,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(onnx2torch_rnn, m) {
   m.def("int8_matrix_pack(Tensor b) -> (Tensor, Tensor)");
   m.def("dynamic_quantized_matmul(Tensor x, Tensor panels, Tensor column_sums, Tensor offsets, Tensor scale, "
         "Tensor? bias) -> Tensor");
+  m.def("take(Tensor x, Tensor index) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
@@ -221,6 +254,7 @@ STABLE_TORCH_LIBRARY_IMPL(onnx2torch_rnn, CPU, m) {
   m.impl("matmul_integer", TORCH_BOX(&matmul_integer_cpu));
   m.impl("int8_matrix_pack", TORCH_BOX(&int8_matrix_pack_cpu));
   m.impl("dynamic_quantized_matmul", TORCH_BOX(&dynamic_quantized_matmul_cpu));
+  m.impl("take", TORCH_BOX(&take_cpu));
 }
 
 }  // namespace onnx2torch_rnn
