@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 import onnx2torch_rnn
 from onnx2torch_rnn.modules import quantized as q
+from onnx2torch_rnn.recurrent import kernel
 from tests.exporters.common import MODELS, manifest_input_sets, read_manifest
 from tests.helpers import make_model
 
@@ -375,3 +376,103 @@ def test_a_product_and_its_constant_addend_are_one_module(constant_first, shape)
     module = assert_exact(model, [b.feeds(seed) for seed in range(3)])
     assert fused_ops(module) == onnxruntime_ops(model)
     assert [type(m) for m in module.children()].count(q.QLinearMatMulAdd) == 1
+
+
+# ------------------------------------------------------------------ passes/quantized.py's fusions on QDQ groups
+
+def _patterns(module: torch.nn.Module) -> collections.Counter:
+    return collections.Counter(n.meta["onnx"]["pattern"] for n in module.graph.nodes
+                               if n.meta.get("onnx", {}).get("pattern"))
+
+
+def _children(module: torch.nn.Module) -> list[str]:
+    return [type(m).__name__ for m in module.children() if type(m).__name__ != "Identity"]
+
+
+def _python_path_is_exact(model: onnx.ModelProto, feeds: list[dict], monkeypatch) -> None:
+    """The module converted and run without the native kernel: onnxruntime's numbers too."""
+    with monkeypatch.context() as python:
+        python.setattr(kernel, "load", lambda *_: False)
+        assert_exact(model, feeds)
+
+
+@pytest.mark.parametrize("activation", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize(("after", "attributes"), [
+    ("LeakyRelu", {"alpha": 0.2}), ("Sigmoid", {}), ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("MaxPool", {"kernel_shape": [3, 2], "strides": [1, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1}),
+    ("MaxPool", {"kernel_shape": [2, 2], "dilations": [2, 1]})])
+def test_a_conv_group_and_the_group_after_it_are_one_module(activation, per_channel, after, attributes, monkeypatch):
+    """Conv -> LeakyRelu / Sigmoid / MaxPool as QDQ groups: one QLinearConv whose native call looks the activation's
+    table up or pools (passes/quantized.py's patterns, as on QOperator models): onnxruntime's QLinearConv then
+    QLinearLeakyRelu / QLinearSigmoid / MaxPool on the integers bit for bit, native or not."""
+    b = Builder(activation, np.random.default_rng(len(after) + len(attributes) + per_channel))
+    y = _group(b, "Conv", per_channel)
+    if after == "MaxPool":  # dropped: the same scale and zero point
+        parameters = tuple(b.nodes[-1].input[1:3])
+        y = b.qdq(b.op("MaxPool", [y], **attributes), 0.5, parameters)
+    else:
+        y = b.qdq(b.op(after, [y], **attributes), 1 / 256 if after == "Sigmoid" else 0.1)
+    model = b.model(y)
+    feeds = [b.feeds(seed) for seed in range(3)]
+    module = assert_exact(model, feeds)
+    assert fused_ops(module) == onnxruntime_ops(model)
+    pattern = "pooled_qlinear_conv" if after == "MaxPool" else "looked_up_qlinear_conv"
+    assert _patterns(module)[pattern] == 1
+    assert _children(module) == ["QuantizeLinear", "QLinearConv", "DequantizeLinear"]
+    _python_path_is_exact(model, feeds, monkeypatch)
+
+
+@pytest.mark.parametrize("activation", [np.uint8, np.int8])
+@pytest.mark.parametrize(("mode", "value"), [("constant", None), ("constant", 0.73), ("constant", -1e9),
+                                             ("reflect", None), ("edge", None)])
+@pytest.mark.parametrize("pool", [{"kernel_shape": [2, 2], "strides": [2, 2]},
+                                  {"kernel_shape": [3, 2], "strides": [2, 3], "dilations": [1, 2]},
+                                  {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}])
+def test_a_constant_pad_group_and_a_max_pool_group_are_one_max_pool(activation, mode, value, pool, monkeypatch):
+    """DQ -> Pad -> Q -> DQ -> MaxPool -> Q of one scale and zero point (onnxruntime: the float Pad, then MaxPool on
+    the integers): one MaxPool reading the Pad's quantized value outside its input where the Pad is constant and the
+    pooling has no padding of its own and floor mode (padded_max_pool, as on QOperator models); bit for bit."""
+    b = Builder(activation, np.random.default_rng(11))
+    x = b.input((2, 3, 7, 8))
+    parameters = tuple(b.nodes[-1].input[1:3])
+    b.values["pads"] = np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)
+    inputs = [x, "pads"]
+    if value is not None:
+        b.values["pad_value"] = np.float32(value)
+        inputs.append("pad_value")
+    y = b.qdq(b.op("Pad", inputs, mode=mode), 0.05, parameters)
+    model = b.model(b.qdq(b.op("MaxPool", [y], **pool), 0.05, parameters))
+    feeds = [b.feeds(seed) for seed in range(3)]
+    module = assert_exact(model, feeds)
+    fused = mode == "constant" and not pool.get("ceil_mode")
+    assert _patterns(module)["padded_max_pool"] == fused
+    assert _children(module) == ["QuantizeLinear", *(["MaxPool"] if fused else ["Pad", "MaxPool"]), "DequantizeLinear"]
+    _python_path_is_exact(model, feeds, monkeypatch)
+
+
+@pytest.mark.parametrize("case", ["read twice", "other parameters", "opset 11"])
+def test_groups_onnxruntime_keeps_apart_stay_apart(case):
+    """No fusion where a group's output has another reader (a graph output: Conv -> LeakyRelu, Pad -> MaxPool), or
+    where onnxruntime keeps the MaxPool in float (its QuantizeLinear's parameters differ from its DequantizeLinear's;
+    opset 11, no 8-bit MaxPool): the groups as the qdq pattern makes them, onnxruntime's numbers."""
+    b = Builder(np.uint8, np.random.default_rng(12))
+    same = case != "other parameters"
+    x = b.input((2, 3, 7, 8))
+    b.values["pads"] = np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)
+    parameters = tuple(b.nodes[-1].input[1:3])
+    padded = b.qdq(b.op("Pad", [x, "pads"]), 0.05, parameters)
+    pooled = b.qdq(b.op("MaxPool", [padded], kernel_shape=[2, 2]), 0.05, parameters if same else None)
+    conv = _group(b, "Conv", False)
+    y = b.qdq(b.op("LeakyRelu", [conv], alpha=0.1), 0.1)
+    parameters = tuple(b.nodes[-1].input[1:3])
+    y = b.qdq(b.op("MaxPool", [y], kernel_shape=[2, 2]), 0.1, parameters if same else None)
+    model = b.model(y, opset=11 if case == "opset 11" else 17)
+    model.graph.output.append(helper.make_tensor_value_info(pooled, TensorProto.FLOAT, [None] * 4))
+    if case == "read twice":
+        model.graph.output.append(helper.make_tensor_value_info(conv, TensorProto.FLOAT, [None] * 4))
+        model.graph.output.append(helper.make_tensor_value_info(padded, TensorProto.FLOAT, [None] * 4))
+    module = assert_exact(model, [b.feeds(seed) for seed in range(2)])
+    assert fused_ops(module) == onnxruntime_ops(model)
+    fused = _patterns(module).keys() & {"looked_up_qlinear_conv", "pooled_qlinear_conv", "padded_max_pool"}
+    assert fused == (set() if case == "read twice" else {"looked_up_qlinear_conv"})  # the MaxPools stay apart

@@ -26,6 +26,7 @@ by that op's converter (``ctx.convert``), so its arithmetic lives in one place (
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
@@ -43,6 +44,9 @@ _SIXTEEN = (onnx.TensorProto.UINT16, onnx.TensorProto.INT16)
 _UNARY = MappingProxyType({"AveragePool": "QLinearAveragePool", "GlobalAveragePool": "QLinearGlobalAveragePool",
                            "LeakyRelu": "QLinearLeakyRelu", "Sigmoid": "QLinearSigmoid", "Softmax": "QLinearSoftmax"})
 _BINARY = MappingProxyType({"Add": "QLinearAdd", "Mul": "QLinearMul"})
+# the float op of a QLinear op (the ops on integers are their own)
+_FLOAT_OPS = MappingProxyType({**{v: k for k, v in {**_UNARY, **_BINARY}.items()}, "QLinearConv": "Conv",
+                               "QGemm": "Gemm", "QLinearConcat": "Concat", "QLinearMatMul": "MatMul"})
 # ops whose QDQ is dropped, and whether 16-bit types are (onnxruntime's drop rules)
 _DROP = MappingProxyType({"Expand": True, "Flatten": True, "Gather": True, "Reshape": True, "Slice": True,
                           "Squeeze": True, "Tile": True, "Transpose": True, "Unsqueeze": True, "MaxPool": False,
@@ -51,6 +55,39 @@ _DROP = MappingProxyType({"Expand": True, "Flatten": True, "Gather": True, "Resh
 
 def _op(node: onnx.NodeProto | None, *op_types: str) -> bool:
     return node is not None and node.op_type in op_types and node.domain in _STANDARD
+
+
+@dataclass
+class QLinearNode:
+    """One node of the QOperator form: as a QOperator model writes it, or as onnxruntime makes it of a QDQ group (its
+    QLinear op, or the op on the integers where it drops the group's QuantizeLinear and DequantizeLinear). Patterns
+    that fuse such nodes read them so, and fire on both forms of a model (passes/quantized.py, passes/qlinear.py)."""
+
+    node: onnx.NodeProto  # what runs: its output is the group's QuantizeLinear's
+    nodes: list[onnx.NodeProto]  # the nodes it replaces
+    reads: list[str]  # the graph's values it reads
+    made: dict[str, torch.Tensor] = field(default_factory=dict)  # constants it reads that the graph does not hold
+    opset: int | None = None  # its domain's version where the model imports none (a com.microsoft op made here)
+    shift: tuple[int, ...] = ()  # the inputs AsUint8 shifts (``_Group.qlinear``)
+
+    @property
+    def as_written(self) -> bool:
+        return self.nodes[0] is self.node
+
+    def constant(self, view: GraphView, name: str) -> np.ndarray | None:
+        """The value of a constant that the node reads, else None."""
+        if name in self.made:
+            return self.made[name].numpy()
+        return view.folded(name) if name and view.is_constant(name) else None
+
+    def convert(self, ctx) -> Converted:
+        for name, value in self.made.items():
+            ctx.set_constant(name, value)
+        converted = ctx.convert(self.node, self.opset)
+        return Converted(AsUint8(converted.module, self.shift), converted.inputs) if self.shift else converted
+
+    def fusion(self, pattern: str) -> Fusion:
+        return Fusion(pattern, self.node.op_type, self.nodes, self.reads, [self.node.output[0]], self.convert)
 
 
 class _Group:
@@ -106,9 +143,9 @@ class _Group:
     def output(self) -> list[str]:
         return [self.q.input[1], self.q.input[2] if len(self.q.input) > 2 else ""]
 
-    def fusion(self, op_type: str, inputs: list[str], domain: str = _MS, extra: dict | None = None,
-               attributes: list | None = None, constants: tuple[str, np.ndarray] | None = None,
-               shift: tuple[int, ...] = ()) -> Fusion:
+    def qlinear(self, op_type: str, inputs: list[str], domain: str = _MS, extra: dict | None = None,
+                attributes: list | None = None, constants: tuple[str, np.ndarray] | None = None,
+                shift: tuple[int, ...] = ()) -> QLinearNode:
         """The group as ``op_type`` on ``inputs`` with the target's attributes (or ``attributes``) and ``extra``.
         ``shift``: the positions of its int8 inputs that onnxruntime has made uint8 (``AsUint8``; the zero points,
         the inputs after them, shifted to uint8 here)."""
@@ -122,21 +159,14 @@ class _Group:
         node.attribute.extend(self.target.attribute if attributes is None else attributes)
         for key, value in (extra or {}).items():
             node.attribute.append(onnx.helper.make_attribute(key, value))
-        opset = 1 if domain == _MS else None
         # constants this pass makes (a quantized bias, shifted zero points): defined under new names
         made = {name: torch.from_numpy(value) for name, value in [*([constants] if constants else []),
-                                                                    *(shifted.values() if shift else [])]}
+                                                                    *shifted.values()]}
         reads = [name for name in inputs if name and name not in made]
         if constants is not None:
             reads.append(self.inputs[2])
-        reads += [name for name in shifted if shift]
-
-        def convert(ctx, node=node, opset=opset, made=made, shift=shift):
-            for name, value in made.items():
-                ctx.set_constant(name, value)
-            converted = ctx.convert(node, opset)
-            return Converted(AsUint8(converted.module, shift), converted.inputs) if shift else converted
-        return Fusion("qdq", op_type, self.nodes(), reads, [output], convert)
+        reads += list(shifted)
+        return QLinearNode(node, self.nodes(), reads, made, 1 if domain == _MS else None, shift)
 
     def shift(self, *positions: int) -> tuple[int, ...] | None:
         """``positions`` where the group's int8 values are uint8 to onnxruntime's selectors (``_effective_type``),
@@ -190,7 +220,34 @@ def _eight_bit(*types: int | None) -> bool:
 
 def qlinear_group(view: GraphView, target: onnx.NodeProto) -> Fusion | None:
     """The QLinear fusion that the ``qdq`` pattern makes of the group around ``target``, or None."""
-    return _select(view, _Group(view, target)) if target.domain in _STANDARD else None
+    made = _select(view, _Group(view, target)) if target.domain in _STANDARD else None
+    return None if made is None else made.fusion("qdq")
+
+
+def qlinear_node(view: GraphView, node: onnx.NodeProto | None, *op_types: str) -> QLinearNode | None:
+    """The QOperator node of one of ``op_types`` that ``node`` stands for: the one onnxruntime makes of the QDQ group
+    around it, or ``node`` itself as written (an op on integers), else None."""
+    if node is None:
+        return None
+    if node.domain in _STANDARD and node.op_type in {_FLOAT_OPS.get(op, op) for op in op_types}:
+        made = _select(view, _Group(view, node))
+        if made is not None:
+            return made if made.node.op_type in op_types else None
+    if node.op_type not in op_types or node.domain not in (*_STANDARD, _MS):
+        return None
+    return QLinearNode(node, [node], [name for name in node.input if name])
+
+
+def qlinear_reader(view: GraphView, output: str, *op_types: str) -> tuple[QLinearNode, list[onnx.NodeProto]] | None:
+    """The QOperator node of one of ``op_types`` that alone reads ``output`` (a QOperator node's), and the nodes
+    between: none as written, or the one DequantizeLinear of the QDQ group it stands for (which reads it alone)."""
+    reader = view.only_consumer(output)
+    if _op(reader, "DequantizeLinear") and reader.input[0] == output:
+        made = qlinear_node(view, view.only_consumer(reader.output[0]), *op_types)
+        fits = made is not None and not made.as_written and output in made.node.input
+        return (made, [reader]) if fits else None
+    made = qlinear_node(view, reader, *op_types)
+    return (made, []) if made is not None and made.as_written else None
 
 
 @register_pattern("qdq")
@@ -225,8 +282,8 @@ def _round_trip(view: GraphView, q: onnx.NodeProto) -> Fusion | None:
                   [dq.output[0]], convert)
 
 
-def _select(view: GraphView, group: _Group) -> Fusion | None:
-    """The fusion onnxruntime's selectors make of this group, or None."""
+def _select(view: GraphView, group: _Group) -> QLinearNode | None:
+    """The node onnxruntime's selectors make of this group, or None."""
     op = group.target.op_type
     if op in _DROP:
         return _drop(view, group)
@@ -241,17 +298,17 @@ def _select(view: GraphView, group: _Group) -> Fusion | None:
         return None
     if op in _UNARY and count == 1 and group.type(0) == output_type:
         extra = {"opset": view.opset(group.target)} if op == "Softmax" else None
-        return group.fusion(_UNARY[op], [*group.quantized(0), *group.output()], extra=extra, shift=shift)
+        return group.qlinear(_UNARY[op], [*group.quantized(0), *group.output()], extra=extra, shift=shift)
     if op in _BINARY and count == 2 and group.type(0) == group.type(1) == output_type:
-        return group.fusion(_BINARY[op], [*group.quantized(0), *group.quantized(1), *group.output()], shift=shift)
+        return group.qlinear(_BINARY[op], [*group.quantized(0), *group.quantized(1), *group.output()], shift=shift)
     if op == "Concat" and all(group.type(i) == output_type for i in range(count)):
-        return group.fusion("QLinearConcat", [*group.output(), *[n for i in range(count) for n in group.quantized(i)]])
+        return group.qlinear("QLinearConcat", [*group.output(), *[n for i in range(count) for n in group.quantized(i)]])
     if op == "MatMul" and count == 2 and group.type(0) == _U8 == output_type and _eight_bit(group.type(1)):
-        return group.fusion("QLinearMatMul", [*group.quantized(0), *group.quantized(1), *group.output()], domain="")
+        return group.qlinear("QLinearMatMul", [*group.quantized(0), *group.quantized(1), *group.output()], domain="")
     return None
 
 
-def _weighted(view: GraphView, group: _Group) -> Fusion | None:
+def _weighted(view: GraphView, group: _Group) -> QLinearNode | None:
     """Conv -> QLinearConv (uint8 activations, 8-bit weights); Gemm -> QGemm (8-bit A and B, int8 A only with int8
     B), its output quantized or float. The bias: an int32 DequantizeLinear input, or a float constant that
     onnxruntime's WeightBiasQuantization quantizes first."""
@@ -270,12 +327,12 @@ def _weighted(view: GraphView, group: _Group) -> Fusion | None:
         return None
     inputs = [*group.quantized(0), *group.quantized(1)]
     if conv:
-        return group.fusion("QLinearConv", [*inputs, *group.output(), bias[0]], domain="", constants=bias[1])
+        return group.qlinear("QLinearConv", [*inputs, *group.output(), bias[0]], domain="", constants=bias[1])
     if bias[0] and attribute(group.target, "beta", 1.0) != 1.0:
         return None
     keep = [a for a in group.target.attribute if a.name != "beta"]
     outputs = group.output() if group.q is not None else []
-    return group.fusion("QGemm", [*inputs, bias[0], *outputs], attributes=keep, constants=bias[1])
+    return group.qlinear("QGemm", [*inputs, bias[0], *outputs], attributes=keep, constants=bias[1])
 
 
 def _bias(view: GraphView, group: _Group) -> tuple[str, tuple | None] | None:
@@ -302,7 +359,7 @@ def _bias(view: GraphView, group: _Group) -> tuple[str, tuple | None] | None:
     return made, (made, np.round(value / product).astype(np.int32))
 
 
-def _drop(view: GraphView, group: _Group) -> Fusion | None:
+def _drop(view: GraphView, group: _Group) -> QLinearNode | None:
     """DQ -> op -> Q with the same scalar scale and zero point: the op on the integers."""
     target, dq, q = group.target, group.dqs[0] if group.dqs else None, group.q
     if dq is None or q is None or any(d is not None for d in group.dqs[1:]):
@@ -325,11 +382,7 @@ def _drop(view: GraphView, group: _Group) -> Fusion | None:
         return None
     inputs = [name for name in [*target.input[1:], dq.input[0]] if name]
 
-    def convert(ctx, node=node, made=made):
-        for name, value in made.items():
-            ctx.set_constant(name, value)
-        return ctx.convert(node)
-    return Fusion("qdq", target.op_type, group.nodes(), inputs, [q.output[0]], convert)
+    return QLinearNode(node, group.nodes(), inputs, made)
 
 
 def _pad_value(view: GraphView, group: _Group, node: onnx.NodeProto) -> dict | None:

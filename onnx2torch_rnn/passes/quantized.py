@@ -14,6 +14,8 @@ float32.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import onnx
 
@@ -23,6 +25,9 @@ from ..modules.quantized import DynamicQuantizedProduct, QLinearConv
 from ..node import Converted
 from ..torch_compat import buffer_dict
 from . import Fusion, GraphView, attribute, register_pattern
+
+if TYPE_CHECKING:
+    from .qdq import QLinearNode
 
 _STANDARD = ("", "ai.onnx")
 _FLOAT = onnx.TensorProto.FLOAT
@@ -84,7 +89,11 @@ def dynamic_quantized_product(view: GraphView):
 def _pool_after(view: GraphView, node: onnx.NodeProto) -> onnx.NodeProto | None:
     """The MaxPool without indices that alone reads ``node``'s output (a convolution's), if one does."""
     pool = view.only_consumer(node.output[0])
-    return pool if _op(pool, "MaxPool") and len([o for o in pool.output if o]) == 1 and pool.output[0] else None
+    return pool if _op(pool, "MaxPool") and _one_output(pool) else None
+
+
+def _one_output(node: onnx.NodeProto) -> bool:
+    return len([o for o in node.output if o]) == 1 and bool(node.output[0])
 
 
 def _convert(ctx, product: onnx.NodeProto, x: str, weight: str, zero_point: str | None, scale: str,
@@ -95,15 +104,47 @@ def _convert(ctx, product: onnx.NodeProto, x: str, weight: str, zero_point: str 
     return Converted(DynamicQuantizedProduct(integer, *constants, relu=relu, pool=pooling), [x])
 
 
+# The patterns below read QOperator nodes as written or as onnxruntime makes them of QDQ groups (passes/qdq.py):
+# the same fusions for both forms of a model.
+
+def _qlinear(view: GraphView, node: onnx.NodeProto, *op_types: str) -> QLinearNode | None:
+    """The QOperator node of ``op_types`` that ``node`` is or stands for (no int8 shifted to uint8), else None."""
+    from .qdq import qlinear_node  # here: importing qdq registers its pattern, which must run after these
+
+    made = qlinear_node(view, node, *op_types)
+    return made if made is not None and not made.shift else None
+
+
+def _after(view: GraphView, first: QLinearNode | None, *op_types: str) -> tuple[QLinearNode, list] | None:
+    """The QOperator node of ``op_types`` whose first input is ``first``'s output, which it alone reads (through a
+    DequantizeLinear in a QDQ model), and the nodes between, else None."""
+    from .qdq import qlinear_reader
+
+    found = qlinear_reader(view, first.node.output[0], *op_types) if first is not None else None
+    if found is None or found[0].shift or found[0].node.input[0] != first.node.output[0]:
+        return None
+    return found
+
+
+def _pair(pattern: str, op_type: str, first: QLinearNode, found: tuple[QLinearNode, list], convert) -> Fusion:
+    """``first`` -> the node ``found`` after it (``_after``) as one fusion: ``convert`` builds its module."""
+    second, between = found
+    inner = first.node.output[0]
+    inputs = [name for name in [*first.reads, *second.reads] if name != inner]
+    return Fusion(pattern, op_type, [*first.nodes, *between, *second.nodes], list(dict.fromkeys(inputs)),
+                  [second.node.output[0]], convert)
+
+
 @register_pattern("pooled_qlinear_conv")
 def pooled_qlinear_conv(view: GraphView):
     """QLinearConv -> MaxPool (onnxruntime's QOperator CNNs: the Relu folded into the conv's output range): one
     module, the convolution's native call pooling its output (the same integers: the pooling compares them)."""
-    for conv in view.nodes:
-        if _op(conv, "QLinearConv") and (pool := _pool_after(view, conv)) is not None:
-            yield Fusion("pooled_qlinear_conv", "pooled QLinearConv", [conv, pool],
-                         [name for name in conv.input if name], [pool.output[0]],
-                         lambda ctx, conv=conv, pool=pool: _convert_pooled(ctx, conv, pool))
+    for node in view.nodes:
+        conv = _qlinear(view, node, "QLinearConv")
+        found = _after(view, conv, "MaxPool")
+        if found is not None and _one_output(found[0].node):
+            yield _pair("pooled_qlinear_conv", "pooled QLinearConv", conv, found,
+                        lambda ctx, conv=conv, pool=found[0]: _convert_qlinear_conv(ctx, conv, "pool", pool))
 
 
 @register_pattern("looked_up_qlinear_conv")
@@ -111,29 +152,25 @@ def looked_up_qlinear_conv(view: GraphView):
     """QLinearConv -> com.microsoft QLinearLeakyRelu or QLinearSigmoid of constant scales and zero points (a
     QOperator CNN's activation): one module, the convolution's native call looking its outputs up in the activation's
     256-entry table (the same integers)."""
-    for conv in view.nodes:
-        lookup = view.only_consumer(conv.output[0]) if _op(conv, "QLinearConv") else None
-        if (lookup is not None and lookup.op_type in ("QLinearLeakyRelu", "QLinearSigmoid")
-                and lookup.domain == "com.microsoft" and lookup.input[0] == conv.output[0]
-                and all(view.is_constant(name) for name in lookup.input[1:] if name)
-                and any(lookup.input[2:5:2])):
-            yield Fusion("looked_up_qlinear_conv", "looked-up QLinearConv", [conv, lookup],
-                         [name for name in conv.input if name], [lookup.output[0]],
-                         lambda ctx, conv=conv, lookup=lookup: _convert_qlinear_conv(ctx, conv, "lookup", lookup))
+    for node in view.nodes:
+        conv = _qlinear(view, node, "QLinearConv")
+        found = _after(view, conv, "QLinearLeakyRelu", "QLinearSigmoid")
+        lookup = found[0] if found is not None else None
+        if (lookup is not None and lookup.node.domain == "com.microsoft"
+                and all(view.is_constant(name) for name in lookup.node.input[1:] if name)
+                and any(lookup.node.input[2:5:2])):
+            yield _pair("looked_up_qlinear_conv", "looked-up QLinearConv", conv, found,
+                        lambda ctx, conv=conv, lookup=lookup: _convert_qlinear_conv(ctx, conv, "lookup", lookup))
 
 
-def _convert_pooled(ctx, conv: onnx.NodeProto, pool: onnx.NodeProto) -> Converted:
-    return _convert_qlinear_conv(ctx, conv, "pool", pool)
-
-
-def _convert_qlinear_conv(ctx, conv: onnx.NodeProto, role: str, after: onnx.NodeProto) -> Converted:
+def _convert_qlinear_conv(ctx, conv: QLinearNode, role: str, after: QLinearNode) -> Converted:
     """QLinearConv's module with the module of the node ``after`` it as its ``role`` (pool or lookup)."""
-    converted = ctx.convert(conv)  # QLinearConv's module, its attributes checked and its constants folded
+    converted = conv.convert(ctx)  # QLinearConv's module, its attributes checked and its constants folded
     args, kwargs = constructor_arguments(converted.module)
     if converted.module.folded:  # the folded constants themselves (the recorded arguments hold stubs of large ones)
         buffers = buffer_dict(converted.module)
         kwargs = {**kwargs, "constants": {name: buffers[name] for name in QLinearConv.FOLDED}}
-    module = QLinearConv(*args, **{**kwargs, role: ctx.convert(after).module})
+    module = QLinearConv(*args, **{**kwargs, role: after.convert(ctx).module})
     return Converted(module, converted.inputs)
 
 
@@ -143,24 +180,27 @@ def padded_max_pool(view: GraphView):
     one MaxPool that reads the Pad's value outside its input (QOperator CNNs pad with a zero point), the same
     integers in one native call instead of two."""
     for node in view.nodes:
-        pool = _pool_after(view, node) if _op(node, "Pad") else None
-        if pool is None or any(attribute(pool, "pads") or ()) or attribute(pool, "ceil_mode") or (
-                attribute(pool, "auto_pad", "NOTSET") not in ("NOTSET", "VALID")):
+        pad = _qlinear(view, node, "Pad")
+        found = _after(view, pad, "MaxPool")
+        pool = found[0].node if found is not None else None
+        if pool is None or not _one_output(pool) or any(attribute(pool, "pads") or ()) or attribute(
+                pool, "ceil_mode") or attribute(pool, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             continue
-        padding = _constant_padding(view, node, len(attribute(pool, "kernel_shape") or ()) + 2)
+        padding = _constant_padding(view, pad, len(attribute(pool, "kernel_shape") or ()) + 2)
         if padding is not None:
-            yield Fusion("padded_max_pool", "padded MaxPool", [node, pool], [node.input[0]], [pool.output[0]],
-                         lambda ctx, pool=pool, x=node.input[0], padding=padding: _convert_padded(ctx, pool, x,
-                                                                                                  padding))
+            yield _pair("padded_max_pool", "padded MaxPool", pad, found,
+                        lambda ctx, pool=found[0], x=pad.node.input[0], padding=padding: _convert_padded(
+                            ctx, pool, x, padding))
 
 
-def _constant_padding(view: GraphView, pad: onnx.NodeProto, rank: int) -> tuple[list, list, int] | None:
+def _constant_padding(view: GraphView, made: QLinearNode, rank: int) -> tuple[list, list, int] | None:
     """(begins, ends, value) of a constant-mode Pad of 8-bit values (its type, or its constant value's, says so) by
     constant, non-negative amounts on the spatial axes of a rank-``rank`` input, else None."""
+    pad = made.node
     inputs = [*pad.input, "", "", ""]
     pads = attribute(pad, "pads") if view.opset(pad) < 11 else view.ints(inputs[1])
     axes = view.ints(inputs[3]) if inputs[3] else list(range(rank))
-    value = view.folded(inputs[2]) if inputs[2] else np.zeros((), np.uint8 if view.elem_type(
+    value = made.constant(view, inputs[2]) if inputs[2] else np.zeros((), np.uint8 if view.elem_type(
         pad.input[0]) == onnx.TensorProto.UINT8 else np.int8 if view.elem_type(pad.input[0]) == onnx.TensorProto.INT8
         else np.float32)
     if (attribute(pad, "mode", "constant") != "constant" or pads is None or axes is None or value is None
@@ -174,6 +214,6 @@ def _constant_padding(view: GraphView, pad: onnx.NodeProto, rank: int) -> tuple[
     return begins, ends, int(value.reshape(()))
 
 
-def _convert_padded(ctx, pool: onnx.NodeProto, x: str, padding: tuple) -> Converted:
-    args, kwargs = constructor_arguments(ctx.convert(pool).module)  # MaxPool's, its attributes checked
+def _convert_padded(ctx, pool: QLinearNode, x: str, padding: tuple) -> Converted:
+    args, kwargs = constructor_arguments(pool.convert(ctx).module)  # MaxPool's, its attributes checked
     return Converted(MaxPool(*args, **{**kwargs, "padding": padding}), [x])
