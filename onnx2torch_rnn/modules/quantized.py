@@ -1006,7 +1006,7 @@ class QLinearLookup(Module):
         return quantize(y, y_scale, y_zero_point, dtype)
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
-        table = self.constant_table
+        table = buffer_dict(self)["constant_table"]  # not through nn.Module.__getattr__ (a third of a microsecond)
         if table is None or table.dtype != x.dtype:
             table = self.table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point)
         return lookup(x, table)

@@ -258,7 +258,7 @@ Tensor binary(const Tensor& x, const Tensor& y, Fn f) {
     T* c = static_cast<T*>(out.mutable_data_ptr());
     const int64_t n = shape.numel;
     if (n == 0) return;
-    torch::stable::parallel_for(0, (n + L - 1) / L, kGrain / L, [&](int64_t begin, int64_t end) {
+    torch::stable::parallel_for(0, (n + L - 1) / L, kGrain / L, [&, c](int64_t begin, int64_t end) {
       Operand<T> u(x, shape, 0, begin * L), v(y, shape, 1, begin * L);
       for (int64_t k = begin; k < end; ++k) {
         const int64_t i = k * L;
@@ -304,7 +304,8 @@ Tensor qlinear_lookup_cpu(const Tensor& x, const Tensor& table) {
   const uint8_t* q = static_cast<const uint8_t*>(x.const_data_ptr());
   const uint8_t* t = static_cast<const uint8_t*>(table.const_data_ptr());
   uint8_t* y = static_cast<uint8_t*>(out.mutable_data_ptr());
-  torch::stable::parallel_for(0, x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  // the pointers by value: a byte store may alias anything, so captured by reference they were reloaded per value
+  torch::stable::parallel_for(0, x.numel(), kGrain, [q, t, y, flip](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) y[i] = t[q[i] ^ flip];
   });
   return out;
