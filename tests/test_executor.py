@@ -185,3 +185,47 @@ def test_each_graph_has_its_own_code():
     ninth model compiled in a process fail (fullgraph) where fx's per-graph code did not."""
     first, second = (onnx2torch_rnn.convert(chain_model()) for _ in range(2))
     assert type(first).forward.__code__ is not type(second).forward.__code__
+
+
+def linear_norm_model():
+    """Gemm (nn.Linear) then LayerNormalization (nn.LayerNorm), constant weights."""
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["g"], transB=1),
+             helper.make_node("LayerNormalization", ["g", "scale", "bias"], ["y"], axis=-1)]
+    init = {"w": RNG.standard_normal((6, 4)).astype(np.float32), "c": RNG.standard_normal(6).astype(np.float32),
+            "scale": RNG.standard_normal(6).astype(np.float32), "bias": RNG.standard_normal(6).astype(np.float32)}
+    return make_model(nodes, [("x", np.float32, [2, 4])], ["y"], init, opset=17)
+
+
+@pytest.mark.parametrize("how", ["setattr", "dict", "in place", "to"])
+def test_direct_forwards_read_the_children_parameters(how):
+    """nn.Linear and nn.LayerNorm children run their functional directly in the fast call (no bound forward),
+    onnxruntime's numbers and fx's bit for bit, reading the child's parameters at each call (one replaced or
+    changed afterwards counts); a hook on such a child still runs."""
+    model = linear_norm_model()
+    module = onnx2torch_rnn.convert(model)
+    kinds = [type(child) for child in module.children()]
+    assert kinds == [torch.nn.Linear, torch.nn.LayerNorm]
+    linear, norm = module.children()
+    x = _x()
+    with torch.no_grad():
+        fast = module(x)
+        assert not hasattr(getattr(_fast_state(module).namespace, next(iter(module._modules))), "__self__")
+        np.testing.assert_allclose(fast.numpy(), run_onnxruntime(model, {"x": x.numpy()})[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fast, module.forward.__wrapped__(module, x), rtol=0, atol=0)
+        if how == "setattr":
+            linear.weight = torch.nn.Parameter(linear.weight * 2)
+        elif how == "dict":
+            norm._parameters["weight"] = torch.nn.Parameter(norm.weight * 3)
+        elif how == "in place":
+            linear.bias.add_(1)
+        else:
+            module.to(torch.float64)
+            x = x.double()
+        after = module(x)
+        torch.testing.assert_close(after, module.forward.__wrapped__(module, x), rtol=0, atol=0)
+        assert not torch.equal(after.float(), fast)
+        handle = linear.register_forward_hook(lambda m, args, out: out * 0)
+        try:
+            torch.testing.assert_close(module(x), norm(torch.zeros_like(linear(x))), rtol=0, atol=0)
+        finally:
+            handle.remove()
