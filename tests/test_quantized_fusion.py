@@ -325,3 +325,32 @@ def test_a_pad_of_floats_before_max_pool_is_not_fused():
              helper.make_node("MaxPool", ["padded"], ["y"], kernel_shape=[2, 2])]
     model = make_model(nodes, [("x", np.float32, (1, 2, 4, 4))], ["y"], values, opset=18)
     assert [type(m).__name__ for m in onnx2torch_rnn.convert(model).children()] == ["Pad", "MaxPool"]
+
+
+@pytest.mark.parametrize("types", [(np.uint8, np.int8), (np.int8, np.int8)])
+@pytest.mark.parametrize(("x_shape", "axis"), [((2, 4, 1, 1), 1), ((2, 3, 2, 2), 2), ((3, 2, 5), -1), ((2, 3, 4), 0)])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_flattened_qgemm_is_onnxruntime_bit_for_bit(types, x_shape, axis, per_column):
+    """Flatten -> QGemm (a QOperator classifier's head) as one module (passes/quantized.py), the native product
+    reading A flattened: equal to onnxruntime and to the nodes converted as written."""
+    a_type, b_type = types
+    rng = np.random.default_rng(len(x_shape) + axis)
+    k = int(np.prod(x_shape[axis % len(x_shape):]))
+    n = 5
+    values = {"as": np.float32(0.03), "az": integers(a_type, (), rng=rng), "b": integers(b_type, (k, n), rng=rng),
+              "bs": rng.uniform(0.005, 0.02, n if per_column else ()).astype(np.float32),
+              "bz": np.zeros(n if per_column else (), b_type), "c": rng.integers(-500, 500, n).astype(np.int32),
+              "ys": np.float32(0.2), "yz": integers(a_type, (), rng=rng)}
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=axis),
+             helper.make_node("QGemm", ["f", "as", "az", "b", "bs", "bz", "c", "ys", "yz"], ["y"],
+                              domain="com.microsoft")]
+    model = make_model(nodes, [("x", a_type, x_shape)], [("y", a_type, [None, n])], values, opset=13,
+                       extra_opsets={"com.microsoft": 1})
+    fused, literal = onnx2torch_rnn.convert(model), onnx2torch_rnn.convert(model, fuse=False)
+    assert [type(m).__name__ for m in fused.children()] == ["QGemm"]
+    for seed in range(3):
+        x = integers(a_type, x_shape, rng=np.random.default_rng(seed))
+        with torch.no_grad():
+            got, as_written = fused(torch.from_numpy(x)), literal(torch.from_numpy(x))
+        assert torch.equal(got, as_written)
+        np.testing.assert_array_equal(got.numpy(), run_onnxruntime(model, {"x": x})[0], strict=True)

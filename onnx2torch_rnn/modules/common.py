@@ -62,7 +62,11 @@ def trunc_div(a, b):
 def kept_geometry(module: nn.Module, key: tuple, make):
     """``make()`` (a window geometry: Python numbers from sizes), kept per ``key`` between the module's eager calls
     (never while compiling or tracing, where sizes may be symbolic: callers compute it then)."""
-    kept = module.__dict__.setdefault("_geometries", {})
+    return kept_in(module.__dict__.setdefault("_geometries", {}), key, make)
+
+
+def kept_in(kept: dict, key: tuple, make):
+    """``make()`` kept in ``kept`` per ``key`` (input sizes: at most 64 kept, then it starts over)."""
     value = kept.get(key)
     if value is None:
         if len(kept) >= 64:  # many input sizes: start over

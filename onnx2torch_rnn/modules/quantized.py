@@ -28,7 +28,7 @@ from ..recurrent.module import Recurrent, StackOps
 from ..recurrent.op import PACKS, _checked, _owned, output_shapes, state_numbers
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
-from .common import NATIVE, Module, attributes_repr, kept_geometry
+from .common import NATIVE, Module, attributes_repr, kept_geometry, kept_in
 from .nn import AveragePool, Conv, MaxPool, _window_counts, pad
 from .shape import Transpose, broadcast_sizes
 
@@ -448,12 +448,31 @@ class _Folded(Module):
 
     def fused_product(self, a: Tensor) -> Tensor | None:
         """The folded product by the native kernel's qlinear_matmul (one call: the int8 product and the
-        requantization) where it takes ``a`` (8-bit [..., K], CPU inference), else None."""
-        b = buffer_dict(self)[self.product_names[0]]
-        if not (a.dtype in BYTES and a.dim() >= 1 and a.shape[-1] == b.shape[0] and native(a)):
+        requantization) where it takes ``a`` (8-bit [..., K], or of any rank flattened to [rows, K] by the module's
+        ``flatten``, a Flatten before it; CPU inference), else None. Its arguments are kept per input shape while
+        the buffers are the same tensors at the same versions (``kept_values``)."""
+        if not native(a):
             return None
-        operands = kept_operands(self, self.product_names, self._product_operands)
-        return _NATIVE.qlinear_matmul.default(a if a.is_contiguous() else a.contiguous(), *operands)
+        buffers = buffer_dict(self)
+        calls, operands = kept_values(self, [None if name is None else buffers[name] for name in self.product_names],
+                                      self._product_calls)
+        call = kept_in(calls, (a.shape, a.dtype), lambda: self._product_call(a, operands))
+        return _NATIVE.qlinear_matmul.default(a if a.is_contiguous() else a.contiguous(), *call) if call else None
+
+    def _product_calls(self, *values) -> tuple[dict, tuple]:
+        """An empty dict of qlinear_matmul's arguments per input shape, and its operands for these buffers."""
+        return {}, self._product_operands(*values)
+
+    def _product_call(self, a: Tensor, operands: tuple) -> tuple:
+        """qlinear_matmul's arguments after ``a`` of this shape and type, () where it does not take it."""
+        flatten, k = self._modules.get("flatten"), buffer_dict(self)[self.product_names[0]].shape[0]
+        axis = -1 if flatten is None else flatten.axis + a.dim() if flatten.axis < 0 else flatten.axis
+        if not (a.dtype in BYTES and (a.dim() >= 1 and a.shape[-1] == k if flatten is None else
+                                      0 <= axis <= a.dim() and math.prod(a.shape[axis:]) == k)):
+            return ()
+        *product, numbers = operands
+        return (*product, numbers) if flatten is None else (*product, torch.cat([numbers, torch.tensor(
+            [axis], dtype=torch.int32)]))
 
     def _product_operands(self, b, a_zero_point, b_zero_point, multiplier, bias) -> tuple:
         """qlinear_matmul's operands after a: b packed, its offsets (128 for uint8 b, minus its zero point), the
@@ -559,13 +578,11 @@ class QLinearConv(Conv, _Folded):
         table = None if lookup is None else buffer_dict(lookup)["constant_table"]
         calls, operands = kept_values(self, [buffers["w"], buffers["w_zero_point"], buffers["multiplier"],
                                              buffers["B"], table], self._calls)
-        call = calls.get((x.shape, x.dtype))
-        if call is None:
-            if len(calls) >= 64:  # many input sizes: start over
-                calls.clear()
-            numbers = self._numbers(x, self.folded_values({})[0], pooled=True)
-            call = calls[x.shape, x.dtype] = () if numbers is None else (*operands, numbers, table)
-        return call
+        return kept_in(calls, (x.shape, x.dtype), lambda: self._call(x, operands, table))
+
+    def _call(self, x: Tensor, operands: tuple, table: Tensor | None) -> tuple:
+        numbers = self._numbers(x, self.folded_values({})[0], pooled=True)
+        return () if numbers is None else (*operands, numbers, table)
 
     def _calls(self, w, w_zero_point, multiplier, B, table) -> tuple[dict, tuple]:
         """An empty dict of qlinear_conv's arguments per input shape, and its operands for these buffers."""
@@ -1331,9 +1348,10 @@ class QGemm(_Folded):
     FOLDED = ("a_scale", "a_zero_point", "b", "b_scale", "b_zero_point", "c", "y_scale", "y_zero_point")
 
     def __init__(self, alpha: float = 1.0, transA: int = 0, transB: int = 0,
-                 constants: dict[str, Tensor | None] | None = None):
+                 constants: dict[str, Tensor | None] | None = None, flatten: Module | None = None):
         super().__init__()
         self.alpha, self.transA, self.transB = alpha, transA, transB
+        self.flatten = flatten  # the Flatten that makes A (passes/quantized.py), in the native call
         if constants is not None and transB:  # op(B) once (the native product keeps its packing per tensor)
             constants = {**constants, "b": constants["b"].t().contiguous()}
         self.fold(constants, functools.partial(_gemm_multiplier, alpha))
@@ -1344,6 +1362,7 @@ class QGemm(_Folded):
                 y_scale=None, y_zero_point=None):
         if self.fused and (y := self.fused_product(a)) is not None:
             return y
+        a = a if self.flatten is None else self.flatten(a)
         v, multiplier, zero = self.folded_values(dict(a_scale=a_scale, a_zero_point=a_zero_point, b=b,
                                                       b_scale=b_scale, b_zero_point=b_zero_point, c=c,
                                                       y_scale=y_scale, y_zero_point=y_zero_point))

@@ -21,7 +21,7 @@ import onnx
 
 from ..modules.common import constructor_arguments
 from ..modules.nn import MaxPool
-from ..modules.quantized import DynamicQuantizedProduct, QLinearConv
+from ..modules.quantized import DynamicQuantizedProduct, QGemm, QLinearConv
 from ..node import Converted
 from ..torch_compat import buffer_dict
 from . import Fusion, GraphView, attribute, register_pattern
@@ -217,3 +217,27 @@ def _constant_padding(view: GraphView, made: QLinearNode, rank: int) -> tuple[li
 def _convert_padded(ctx, pool: QLinearNode, x: str, padding: tuple) -> Converted:
     args, kwargs = constructor_arguments(pool.convert(ctx).module)  # MaxPool's, its attributes checked
     return Converted(MaxPool(*args, **{**kwargs, "padding": padding}), [x])
+
+
+@register_pattern("flattened_qgemm")
+def flattened_qgemm(view: GraphView):
+    """Flatten -> com.microsoft QGemm that alone reads it, as A (a QOperator classifier's head): one module, the
+    product's native call reading A flattened (the same integers: Flatten only moves them)."""
+    for flatten in view.nodes:
+        gemm = view.only_consumer(flatten.output[0]) if _op(flatten, "Flatten") else None
+        if gemm is not None and gemm.op_type == "QGemm" and gemm.domain == "com.microsoft" and (
+                gemm.input[0] == flatten.output[0]):
+            yield Fusion("flattened_qgemm", "flattened QGemm", [gemm, flatten],
+                         [flatten.input[0], *[name for name in gemm.input[1:] if name]], [gemm.output[0]],
+                         lambda ctx, gemm=gemm, flatten=flatten: _convert_flattened(ctx, gemm, flatten))
+
+
+def _convert_flattened(ctx, gemm: onnx.NodeProto, flatten: onnx.NodeProto) -> Converted:
+    converted = ctx.convert(gemm)  # QGemm's module, its attributes and types checked
+    args, kwargs = constructor_arguments(converted.module)
+    if converted.module.folded:  # the constants as given (the recorded arguments hold stubs of large ones)
+        names = [*gemm.input[1:], *[""] * len(QGemm.FOLDED)][:len(QGemm.FOLDED)]
+        kwargs = {**kwargs, "constants": {name: ctx.constant(value) if value else None
+                                          for name, value in zip(QGemm.FOLDED, names, strict=True)}}
+    module = QGemm(*args, **{**kwargs, "flatten": ctx.convert(flatten).module})
+    return Converted(module, [flatten.input[0], *converted.inputs[1:]])

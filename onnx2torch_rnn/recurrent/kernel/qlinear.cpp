@@ -22,7 +22,8 @@
 //       QLinearMatMul / QGemm by constant b in one call: the exact int32 product (a - a_zero) @ (b - b's zero point)
 //       of 8-bit a [..., K] by b packed once by int8_matrix_pack (offsets [N] int32: 128 for uint8 b, minus b's zero
 //       point per column), requantized as `requantize` with the int32 bias [N] and the multiplier [1] or [N];
-//       numbers: int32 [a_zero, y_zero, 1 for an int8 output (else uint8)]
+//       numbers: int32 [a_zero, y_zero, 1 for an int8 output (else uint8)] [+ an axis: a of any rank flattened there
+//       to [rows, K] first, as ONNX Flatten (fused before a QGemm); the output [rows, N]]
 //   qlinear_matmul_add(Tensor a, Tensor panels, Tensor column_sums, Tensor offsets, Tensor multiplier, Tensor? bias,
 //                      Tensor numbers, Tensor terms) -> Tensor
 //       qlinear_matmul, then qlinear_add of each value and a constant's value for its column (one rounding each, as
@@ -522,14 +523,18 @@ Tensor qlinear_softmax_cpu(const Tensor& x, const Tensor& table, const Tensor& n
   return out;
 }
 
-// The folded product of qlinear_matmul: each output value requantized, then `then(value, column)` (a T).
+// The folded product of qlinear_matmul: each output value requantized, then `then(value, column)` (a T); a as
+// [..., K], or flattened at axis `flatten` to [rows, K] (an ONNX Flatten before it; -1: none).
 template <typename Then>
 Tensor folded_product(const Tensor& a, const Tensor& panels, const Tensor& column_sums, const Tensor& offsets,
-                      const Tensor& multiplier, const std::optional<Tensor>& bias, const int32_t* z, Then then) {
+                      const Tensor& multiplier, const std::optional<Tensor>& bias, const int32_t* z, Then then,
+                      int64_t flatten = -1) {
   // dtypes, shapes and contiguity as the caller (modules/quantized.py: QLinearMatMul, QGemm) checked them
-  const int64_t K = a.size(-1), N = offsets.numel(), m_count = multiplier.numel();
-  int64_t M = 1;
-  for (int64_t d = 0; d + 1 < a.dim(); ++d) M *= a.size(d);
+  CHECK_VALUE(flatten <= a.dim() && (flatten >= 0 || a.dim() >= 1), "qlinear_matmul: a of rank ", a.dim(),
+              " flattened at ", flatten);
+  const int64_t last = flatten < 0 ? a.dim() - 1 : flatten, N = offsets.numel(), m_count = multiplier.numel();
+  int64_t M = 1, K = 1;
+  for (int64_t d = 0; d < a.dim(); ++d) (d < last ? M : K) *= a.size(d);
   CHECK_VALUE(panels.numel() == int8::packed_size(K, N) &&
                         column_sums.numel() == (int8::by_column(N) ? N : int8::panel_blocks(N) * int8::G * int8::L),
                     "qlinear_matmul: panels not packed by int8_matrix_pack for this a");
@@ -549,7 +554,7 @@ Tensor folded_product(const Tensor& a, const Tensor& panels, const Tensor& colum
   std::copy(offsets.const_data_ptr<int32_t>(), offsets.const_data_ptr<int32_t>() + N, offset.begin());
   const float* m = multiplier.const_data_ptr<float>();
   const int32_t* b = bias ? bias->const_data_ptr<int32_t>() : nullptr;
-  std::vector<int64_t> shape = sizes_of(a);
+  std::vector<int64_t> shape = flatten < 0 ? sizes_of(a) : std::vector<int64_t>{M, K};
   shape.back() = N;
   const ScalarType dtype = z[2] ? ScalarType::Char : ScalarType::Byte;
   Tensor out = output(shape, dtype);
@@ -575,9 +580,10 @@ Tensor folded_product(const Tensor& a, const Tensor& panels, const Tensor& colum
 Tensor qlinear_matmul_cpu(const Tensor& a, const Tensor& panels, const Tensor& column_sums,
                               const Tensor& offsets, const Tensor& multiplier,
                               const std::optional<Tensor>& bias, const Tensor& numbers) {
-  CHECK_VALUE(numbers.numel() == 3, "qlinear_matmul: 3 numbers expected");
-  return folded_product(a, panels, column_sums, offsets, multiplier, bias, numbers.const_data_ptr<int32_t>(),
-                        [](auto value, int64_t) { return value; });
+  CHECK_VALUE(numbers.numel() == 3 || numbers.numel() == 4, "qlinear_matmul: 3 or 4 numbers expected");
+  const int32_t* n = numbers.const_data_ptr<int32_t>();
+  return folded_product(a, panels, column_sums, offsets, multiplier, bias, n, [](auto value, int64_t) { return value; },
+                        numbers.numel() == 4 ? n[3] : -1);
 }
 
 Tensor qlinear_matmul_add_cpu(const Tensor& a, const Tensor& panels, const Tensor& column_sums,
