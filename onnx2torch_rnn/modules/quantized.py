@@ -1814,9 +1814,10 @@ def _(X, W, R, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zero_point,
 class AsUint8(Module):
     """An 8-bit op on int8 values as onnxruntime computes it once its QDQS8ToU8Transformer has made them uint8
     (values and zero points + 128; passes/qdq.py): the int8 inputs at ``positions`` shifted to uint8, ``module``
-    (built with the shifted zero points) run, its output shifted back. The same numbers but where the op adds the
-    output's zero point in float before rounding (QLinearAdd, QLinearMul, QLinearAveragePool): there the last bit
-    of that sum, so a rounding tie, differs otherwise."""
+    (built with the shifted zero points) run, its output shifted back to int8 where ``positions`` has -1. The same
+    numbers but where the op adds the output's zero point in float before rounding (QLinearAdd, QLinearMul,
+    QLinearAveragePool): there the last bit of that sum, so a rounding tie, differs otherwise; and one type where
+    the op's values as written are of both."""
 
     def __init__(self, module: Module, positions: tuple[int, ...]):
         super().__init__()
@@ -1824,7 +1825,8 @@ class AsUint8(Module):
 
     def forward(self, *args):
         args = [_flip(a) if i in self.positions else a for i, a in enumerate(args)]
-        return _flip(self.module(*args))
+        y = self.module(*args)
+        return _flip(y) if -1 in self.positions else y
 
 
 def _flip(q: Tensor) -> Tensor:

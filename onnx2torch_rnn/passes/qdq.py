@@ -147,12 +147,12 @@ class _Group:
                 attributes: list | None = None, constants: tuple[str, np.ndarray] | None = None,
                 shift: tuple[int, ...] = ()) -> QLinearNode:
         """The group as ``op_type`` on ``inputs`` with the target's attributes (or ``attributes``) and ``extra``.
-        ``shift``: the positions of its int8 inputs that onnxruntime has made uint8 (``AsUint8``; the zero points,
-        the inputs after them, shifted to uint8 here)."""
+        ``shift``: the positions of its int8 inputs that onnxruntime has made uint8, -1 for its output (``AsUint8``;
+        their zero points, the inputs two after them or the last, shifted to uint8 here)."""
         output = (self.q or self.target).output[0]
         shifted = {}
-        for position in (*shift, len(inputs) - 2) if shift else ():  # each shifted input's zero point, the output's
-            zero = inputs[position + 2] if position < len(inputs) - 2 else inputs[-1]
+        for position in shift:
+            zero = inputs[-1] if position < 0 else inputs[position + 2]
             shifted[zero] = (f"{zero}_as_uint8", np.asarray(self.view.folded(zero).astype(np.int16) + 128, np.uint8))
         inputs = [shifted[name][0] if name in shifted else name for name in inputs]
         node = onnx.helper.make_node(op_type, inputs, [output], name=self.target.name, domain=domain)
@@ -169,17 +169,19 @@ class _Group:
         return QLinearNode(node, self.nodes(), reads, made, 1 if domain == _MS else None, shift)
 
     def shift(self, *positions: int) -> tuple[int, ...] | None:
-        """``positions`` where the group's int8 values are uint8 to onnxruntime's selectors (``_effective_type``),
-        () where their types are as written, None where the two disagree among them (left alone)."""
+        """Those of ``positions`` (one per DequantizeLinear) whose int8 values onnxruntime's selectors see as uint8
+        (``_effective_type``), and -1 where the output's are: what ``AsUint8`` shifts; None where a shifted value's
+        zero point is not one constant (left alone)."""
         names = [dq.input[0] for dq in self.dqs] + [self.q.output[0]]
-        actual = {self.view.elem_type(name) for name in names}
-        if len(actual) != 1:
-            return None
-        if actual != {_S8} or {_effective_type(self.view, name) for name in names} != {_U8}:
-            return ()
         zero_points = [dq.input[2] if len(dq.input) > 2 else "" for dq in self.dqs] + [
             self.q.input[2] if len(self.q.input) > 2 else ""]
-        return positions if all(_scalar(self.view, name) is not None for name in zero_points) else None
+        shifted = [(position, zero) for position, name, zero in zip((*positions, -1), names, zero_points, strict=True)
+                   if self.view.elem_type(name) == _S8 and _effective_type(self.view, name) == _U8]
+        return tuple(p for p, _ in shifted) if all(_scalar(self.view, z) is not None for _, z in shifted) else None
+
+    def mixed(self) -> bool:
+        """Whether the group's 8-bit values are of both types as written."""
+        return len({self.view.elem_type(name) for name in [dq.input[0] for dq in self.dqs] + [self.q.output[0]]}) > 1
 
 
 def _scalar(view: GraphView, name: str) -> int | None:
@@ -191,8 +193,9 @@ def _scalar(view: GraphView, name: str) -> int | None:
 def _effective_type(view: GraphView, name: str) -> int | None:
     """The type of a QuantizeLinear output or DequantizeLinear input once onnxruntime's QDQS8ToU8Transformer has run
     (x86): an int8 QuantizeLinear -> DequantizeLinear pair (the Q read by that DQ alone, one equal int8 zero point
-    each) becomes uint8, and so does an int8 constant that a DequantizeLinear reads when a value lies outside
-    [-64, 64]. Both shift values and zero points by 128: the same numbers, but its selectors then see uint8."""
+    each) becomes uint8: values and zero points shifted by 128, the same numbers, but its selectors then see uint8.
+    An int8 constant stays int8 (its session option session.x64quantprecision, off by default, would make one with a
+    value outside [-64, 64] uint8 too: measured, onnxruntime 1.32)."""
     elem_type = view.elem_type(name)
     if elem_type != _S8:
         return elem_type
@@ -204,14 +207,7 @@ def _effective_type(view: GraphView, name: str) -> int | None:
         zero = _scalar(view, q.input[2]) if pair else None
         same = zero is not None and zero == _scalar(view, dq.input[2]) and view.elem_type(q.input[2]) == _S8
         return _U8 if same else _S8
-    value = view.folded(name) if view.is_constant(name) else None
-    readers = view.consumers.get(name, [])
-    if value is None or not readers or not all(_op(r, "DequantizeLinear") for r in readers):
-        return _S8
-    zero_points = [r.input[2] for r in readers if len(r.input) > 2 and r.input[2]]
-    if any(view.folded(z) is None for z in zero_points):
-        return _S8
-    return _U8 if bool((value < -64).any() or (value > 64).any()) else _S8
+    return _S8
 
 
 def _eight_bit(*types: int | None) -> bool:
@@ -292,9 +288,11 @@ def _select(view: GraphView, group: _Group) -> QLinearNode | None:
     if group.q is None or not group.all_dequantized() or not _eight_bit(group.output_type()):
         return None
     count, output_type = len(group.dqs), group.output_type()
-    # where onnxruntime adds the output's zero point in float before rounding, the uint8 form it runs matters
-    shift = group.shift(*((0, 3) if op in _BINARY else (0,))) if op in (*_BINARY, "AveragePool") else ()
-    if shift is None:
+    # where onnxruntime adds the output's zero point in float before rounding, the uint8 form it runs matters;
+    # elsewhere the int8 form gives the same numbers, but values of both types must be of one
+    shift = group.shift(*((0, 3) if op in _BINARY else (0,))) if op in (*_BINARY, "AveragePool") or (
+        op in _UNARY and group.mixed()) else ()
+    if shift is None or (op == "Concat" and group.mixed()):
         return None
     if op in _UNARY and count == 1 and group.type(0) == output_type:
         extra = {"opset": view.opset(group.target)} if op == "Softmax" else None
