@@ -246,6 +246,15 @@ def qlinear_reader(view: GraphView, output: str, *op_types: str) -> tuple[QLinea
     return (made, []) if made is not None and made.as_written else None
 
 
+def qlinear_chain(view: GraphView, node: onnx.NodeProto, op_type: str,
+                  *then: str) -> tuple[QLinearNode, QLinearNode, list[onnx.NodeProto]] | None:
+    """``node`` as the QOperator node ``op_type`` (``qlinear_node``), the node of one of ``then`` that alone reads
+    its output (``qlinear_reader``) and the nodes between, else None."""
+    first = qlinear_node(view, node, op_type)
+    found = qlinear_reader(view, first.node.output[0], *then) if first is not None else None
+    return None if found is None else (first, *found)
+
+
 @register_pattern("qdq")
 def qdq(view: GraphView):
     for target in view.nodes:

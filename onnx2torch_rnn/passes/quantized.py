@@ -107,28 +107,20 @@ def _convert(ctx, product: onnx.NodeProto, x: str, weight: str, zero_point: str 
 # The patterns below read QOperator nodes as written or as onnxruntime makes them of QDQ groups (passes/qdq.py):
 # the same fusions for both forms of a model.
 
-def _qlinear(view: GraphView, node: onnx.NodeProto, *op_types: str) -> QLinearNode | None:
-    """The QOperator node of ``op_types`` that ``node`` is or stands for (no int8 shifted to uint8), else None."""
-    from .qdq import qlinear_node  # here: importing qdq registers its pattern, which must run after these
+def _chain(view: GraphView, node: onnx.NodeProto, op_type: str, *then: str) -> tuple | None:
+    """(``node`` as the QOperator node ``op_type``, the node of ``then`` that alone reads its output as its first
+    input, the nodes between: passes/qdq.py's ``qlinear_chain``), neither with int8 shifted to uint8, else None."""
+    from .qdq import qlinear_chain  # here: importing qdq registers its pattern, which must run after these
 
-    made = qlinear_node(view, node, *op_types)
-    return made if made is not None and not made.shift else None
-
-
-def _after(view: GraphView, first: QLinearNode | None, *op_types: str) -> tuple[QLinearNode, list] | None:
-    """The QOperator node of ``op_types`` whose first input is ``first``'s output, which it alone reads (through a
-    DequantizeLinear in a QDQ model), and the nodes between, else None."""
-    from .qdq import qlinear_reader
-
-    found = qlinear_reader(view, first.node.output[0], *op_types) if first is not None else None
-    if found is None or found[0].shift or found[0].node.input[0] != first.node.output[0]:
+    found = qlinear_chain(view, node, op_type, *then)
+    if found is None or found[0].shift or found[1].shift or found[1].node.input[0] != found[0].node.output[0]:
         return None
     return found
 
 
-def _pair(pattern: str, op_type: str, first: QLinearNode, found: tuple[QLinearNode, list], convert) -> Fusion:
-    """``first`` -> the node ``found`` after it (``_after``) as one fusion: ``convert`` builds its module."""
-    second, between = found
+def _pair(pattern: str, op_type: str, chain: tuple[QLinearNode, QLinearNode, list], convert) -> Fusion:
+    """A ``_chain`` as one fusion: ``convert`` builds its module."""
+    first, second, between = chain
     inner = first.node.output[0]
     inputs = [name for name in [*first.reads, *second.reads] if name != inner]
     return Fusion(pattern, op_type, [*first.nodes, *between, *second.nodes], list(dict.fromkeys(inputs)),
@@ -140,11 +132,10 @@ def pooled_qlinear_conv(view: GraphView):
     """QLinearConv -> MaxPool (onnxruntime's QOperator CNNs: the Relu folded into the conv's output range): one
     module, the convolution's native call pooling its output (the same integers: the pooling compares them)."""
     for node in view.nodes:
-        conv = _qlinear(view, node, "QLinearConv")
-        found = _after(view, conv, "MaxPool")
-        if found is not None and _one_output(found[0].node):
-            yield _pair("pooled_qlinear_conv", "pooled QLinearConv", conv, found,
-                        lambda ctx, conv=conv, pool=found[0]: _convert_qlinear_conv(ctx, conv, "pool", pool))
+        chain = _chain(view, node, "QLinearConv", "MaxPool")
+        if chain is not None and _one_output(chain[1].node):
+            yield _pair("pooled_qlinear_conv", "pooled QLinearConv", chain,
+                        lambda ctx, conv=chain[0], pool=chain[1]: _convert_qlinear_conv(ctx, conv, "pool", pool))
 
 
 @register_pattern("looked_up_qlinear_conv")
@@ -153,14 +144,13 @@ def looked_up_qlinear_conv(view: GraphView):
     QOperator CNN's activation): one module, the convolution's native call looking its outputs up in the activation's
     256-entry table (the same integers)."""
     for node in view.nodes:
-        conv = _qlinear(view, node, "QLinearConv")
-        found = _after(view, conv, "QLinearLeakyRelu", "QLinearSigmoid")
-        lookup = found[0] if found is not None else None
+        chain = _chain(view, node, "QLinearConv", "QLinearLeakyRelu", "QLinearSigmoid")
+        lookup = chain[1] if chain is not None else None
         if (lookup is not None and lookup.node.domain == "com.microsoft"
                 and all(view.is_constant(name) for name in lookup.node.input[1:] if name)
                 and any(lookup.node.input[2:5:2])):
-            yield _pair("looked_up_qlinear_conv", "looked-up QLinearConv", conv, found,
-                        lambda ctx, conv=conv, lookup=lookup: _convert_qlinear_conv(ctx, conv, "lookup", lookup))
+            yield _pair("looked_up_qlinear_conv", "looked-up QLinearConv", chain,
+                        lambda ctx, conv=chain[0], lookup=lookup: _convert_qlinear_conv(ctx, conv, "lookup", lookup))
 
 
 def _convert_qlinear_conv(ctx, conv: QLinearNode, role: str, after: QLinearNode) -> Converted:
@@ -180,16 +170,15 @@ def padded_max_pool(view: GraphView):
     one MaxPool that reads the Pad's value outside its input (QOperator CNNs pad with a zero point), the same
     integers in one native call instead of two."""
     for node in view.nodes:
-        pad = _qlinear(view, node, "Pad")
-        found = _after(view, pad, "MaxPool")
-        pool = found[0].node if found is not None else None
+        chain = _chain(view, node, "Pad", "MaxPool")
+        pool = chain[1].node if chain is not None else None
         if pool is None or not _one_output(pool) or any(attribute(pool, "pads") or ()) or attribute(
                 pool, "ceil_mode") or attribute(pool, "auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             continue
-        padding = _constant_padding(view, pad, len(attribute(pool, "kernel_shape") or ()) + 2)
+        padding = _constant_padding(view, chain[0], len(attribute(pool, "kernel_shape") or ()) + 2)
         if padding is not None:
-            yield _pair("padded_max_pool", "padded MaxPool", pad, found,
-                        lambda ctx, pool=found[0], x=pad.node.input[0], padding=padding: _convert_padded(
+            yield _pair("padded_max_pool", "padded MaxPool", chain,
+                        lambda ctx, pool=chain[1], x=chain[0].node.input[0], padding=padding: _convert_padded(
                             ctx, pool, x, padding))
 
 
