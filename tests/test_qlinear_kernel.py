@@ -267,6 +267,21 @@ def test_qlinear_softmax(monkeypatch, dtype, shape, axis, opset, output):
                                                                                       y_zero)])
 
 
+def test_pool_and_softmax_plan_each_new_input(monkeypatch):
+    """The folded modules keep their native numbers for the last input's shape and type: another one (and back) is
+    planned anew."""
+    g = torch.Generator().manual_seed(5)
+    pool = q.QLinearAveragePool([2, 2], strides=[2, 2], parameters=_pool_parameters(g, torch.uint8))
+    x_scale = scales(g, (), 0.02, 0.2)
+    softmax = q.QLinearSoftmax(1, 13, float(x_scale), (torch.tensor(1 / 256), torch.tensor(3)))
+    for dtype, shape in [(torch.uint8, (1, 2, 6, 8)), (torch.uint8, (2, 3, 4, 10)), (torch.int8, (2, 3, 4, 10)),
+                         (torch.uint8, (1, 2, 6, 8))]:
+        x = ints(g, dtype, shape)
+        if dtype == torch.uint8:
+            outputs(monkeypatch, "qlinear_average_pool", [lambda x=x: pool(x)])
+        outputs(monkeypatch, "qlinear_softmax", [lambda x=x: softmax(x, x_scale)])
+
+
 @pytest.mark.parametrize("dtype", BYTES)
 @pytest.mark.parametrize(("shapes", "axis"), [([(2, 1, 3), (2, 4, 3), (2, 5, 3)], 1), ([(3, 2), (1, 2)], 0),
                                               ([(2, 3, 2), (2, 3, 1), (2, 3, 4)], -1)])

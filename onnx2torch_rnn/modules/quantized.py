@@ -1114,10 +1114,15 @@ class QLinearAveragePool(AveragePool):
         dtype = x.dtype
         if self.channels_last:
             x = x.movedim(-1, 1)
+        kept = self.__dict__.get("_native")  # the last folded native call's (shape, dtype, numbers): checked first
+        if kept is not None and native(x) and kept[0] == x.shape and kept[1] == dtype:
+            y = _NATIVE.qlinear_average_pool.default(x if x.is_contiguous() else x.contiguous(), kept[2])
+            return y.movedim(1, -1) if self.channels_last else y
         if dtype in BYTES and 3 <= x.dim() <= 5 and native(x) and (self.numbers is not None or _per_tensor_parameters(
                 x_scale, x_zero_point, y_scale, y_zero_point)):
-            if self.numbers is not None:  # folded: the numbers kept per input shape
-                numbers = kept_geometry(self, x.shape, lambda: self._window(x, self.numbers))
+            if self.numbers is not None:  # folded: the numbers kept for the input's shape
+                numbers = self._window(x, self.numbers)
+                self.__dict__["_native"] = (x.shape, dtype, numbers)
             else:
                 numbers = self._window(x, _pool_numbers((x_scale, x_zero_point, y_scale, y_zero_point),
                                                         int(bool(self.count_include_pad))))
@@ -1173,10 +1178,14 @@ class QLinearSoftmax(Module):
         return torch.roll(table, -128) if signed else table  # the int8 table is indexed by uint8(q + 127 - max)
 
     def forward(self, x, x_scale=None, x_zero_point=None, y_scale=None, y_zero_point=None):
+        kept = self.__dict__.get("_native")  # the last folded native call's (shape, dtype, table, numbers)
+        if kept is not None and native(x) and kept[0] == x.shape and kept[1] == x.dtype:
+            return _NATIVE.qlinear_softmax.default(x if x.is_contiguous() else x.contiguous(), kept[2], kept[3])
         if x.dtype in BYTES and x.numel() and native(x) and (self.numbers is not None or _per_tensor_parameters(
                 y_scale, y_zero_point)):
-            if self.numbers is not None and self.x_scale is not None:  # folded: planned per shape
-                plan = kept_geometry(self, (x.shape, x.dtype), lambda: self._plan(x, self.x_scale, *self.numbers))
+            if self.numbers is not None and self.x_scale is not None:  # folded: planned for the input's shape
+                plan = self._plan(x, self.x_scale, *self.numbers)
+                self.__dict__["_native"] = (x.shape, x.dtype, *plan)
             else:
                 output = self.numbers or (float(_inverse(y_scale)), _parameters(y_scale, y_zero_point)[1])
                 plan = self._plan(x, float(x_scale.float()) if self.x_scale is None else self.x_scale, *output)
