@@ -368,6 +368,15 @@ void add_dequantized(float* __restrict totals, const T* __restrict from, int64_t
   }
 }
 
+// y = saturate(round_half_even(total / divisor / y_scale + y_zero)) for a plane's windows (a function of its own:
+// nothing aliases, and the divisions are vectorised over the plane)
+template <typename T>
+void averaged(float* __restrict totals, const float* __restrict divisors, int64_t count, float ys, float zy,
+              T* __restrict y) {
+  for (int64_t i = 0; i < count; ++i) totals[i] = totals[i] / divisors[i] / ys + zy;
+  for (int64_t i = 0; i < count; ++i) y[i] = saturate<T>(std::nearbyint(totals[i]));
+}
+
 Tensor qlinear_average_pool_cpu(const Tensor& x, const Tensor& numbers) {
   const Numbers n(numbers, "qlinear_average_pool");
   const int64_t rank = x.dim() - 2;
@@ -392,34 +401,41 @@ Tensor qlinear_average_pool_cpu(const Tensor& x, const Tensor& numbers) {
   const std::vector<int64_t> offsets = w.whole_taps();
   const int64_t plane = w.plane(), positions = w.positions(), step = w.axes[2].stride;
   const float whole = static_cast<float>(offsets.size());
+  // each window's divisor, the same in every plane: the whole kernel, or (count_include_pad 0) its taps in the input
+  std::vector<float> divisors;
+  divisors.reserve(positions);
+  w.each([&](int64_t, int64_t count) { divisors.insert(divisors.end(), count, whole); },
+         [&](const int64_t* lo, const int64_t* hi, const int64_t*) {
+           divisors.push_back(count_include_pad ? whole : static_cast<float>((hi[0] - lo[0]) * (hi[1] - lo[1]) *
+                                                                              (hi[2] - lo[2])));
+         });
   with_type(x.scalar_type(), [&](auto type) {
     using T = decltype(type);
     const T* q = static_cast<const T*>(x.const_data_ptr());
     T* y = static_cast<T*>(out.mutable_data_ptr());
     maybe_parallel(x.size(0) * x.size(1), positions * w.taps(), [&](int64_t begin, int64_t end) {
-      std::vector<float> totals(w.out[2]);
+      std::vector<float> totals(positions);
       for (int64_t image = begin; image < end; ++image) {
         const T* src = q + image * plane;
-        T* dst = y + image * positions;
+        float* total = totals.data();
         // each tap dequantized, float32(q - x_zero) * x_scale; the taps summed in row-major order (those in the
-        // padding skipped: they add +0), divided by their count, by y_scale, plus y_zero
+        // padding skipped: they add +0)
         w.each([&](int64_t at, int64_t count) {
-          std::fill_n(totals.begin(), count, 0.0f);
-          for (const int64_t tap : offsets) add_dequantized(totals.data(), src + at + tap, step, count, x_zero, xs);
-          for (int64_t o = 0; o < count; ++o) totals[o] = totals[o] / whole / ys + zy;
-          for (int64_t o = 0; o < count; ++o) *dst++ = saturate<T>(std::nearbyint(totals[o]));
+          std::fill_n(total, count, 0.0f);
+          for (const int64_t tap : offsets) add_dequantized(total, src + at + tap, step, count, x_zero, xs);
+          total += count;
         }, [&](const int64_t* lo, const int64_t* hi, const int64_t* start) {
-          float total = 0.0f;
+          float sum = 0.0f;
           for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0) {
             for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1) {
               const T* row = src + ((start[0] + k0) * w.axes[1].size + start[1] + k1) * w.axes[2].size + start[2];
               for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2)
-                total += static_cast<float>(static_cast<int32_t>(row[k2]) - x_zero) * xs;
+                sum += static_cast<float>(static_cast<int32_t>(row[k2]) - x_zero) * xs;
             }
           }
-          const float count = static_cast<float>((hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]));
-          *dst++ = saturate<T>(std::nearbyint(total / (count_include_pad ? whole : count) / ys + zy));
+          *total++ = sum;
         });
+        averaged(totals.data(), divisors.data(), positions, ys, zy, y + image * positions);
       }
     });
   });
