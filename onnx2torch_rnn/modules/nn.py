@@ -312,7 +312,7 @@ class _Pool(Module):
 
 
 def native_max_pool(x: torch.Tensor, numbers: torch.Tensor) -> torch.Tensor:
-    return torch.ops.onnx2torch_rnn.max_pool.default(x, numbers)
+    return NATIVE.max_pool.default(x, numbers)
 
 
 class MaxPool(_Pool):
