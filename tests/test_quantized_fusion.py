@@ -252,11 +252,13 @@ def test_dynamic_quantize_lstm_glue_is_recognised_and_exact(name):
     ((2, 1, 8, 10), {"pads": [1, 1, 1, 1]}, {"kernel_shape": [2, 2], "strides": [2, 2]}),
     ((1, 3, 9, 7), {"strides": [1, 2]}, {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "ceil_mode": 1}),
     ((2, 2, 11), {"pads": [2, 1]}, {"kernel_shape": [3], "dilations": [2], "strides": [2]})])
-@pytest.mark.parametrize("after", ["MaxPool", "QLinearLeakyRelu", "QLinearSigmoid"])
-def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, pool, after):
+@pytest.mark.parametrize(("after", "quantized"), [(after, quantized) for after in ["MaxPool", "QLinearLeakyRelu",
+                         "QLinearSigmoid"] for quantized in (False, True)] + [(None, True)])
+def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, pool, after, quantized):
     """QLinearConv -> MaxPool, QLinearLeakyRelu or QLinearSigmoid (QOperator CNNs) as one module
-    (passes/quantized.py), the pooling or the activation's table in the native convolution's call: equal to
-    onnxruntime and to the nodes converted as written."""
+    (passes/quantized.py), the pooling or the activation's table in the native convolution's call; ``quantized``:
+    with the QuantizeLinear of the float input before it (its own scale and zero point), quantized in that call:
+    equal to onnxruntime and to the nodes converted as written."""
     x_type, w_type = types
     rng = np.random.default_rng(len(x_shape))
     rank, channels = len(x_shape) - 2, 4
@@ -264,21 +266,29 @@ def test_pooled_qlinear_conv_is_onnxruntime_bit_for_bit(types, x_shape, conv, po
               *[3] * rank), rng=rng), "ws": rng.uniform(0.005, 0.02, channels).astype(np.float32),
               "wz": np.zeros(channels, w_type), "ys": np.float32(0.15), "yz": integers(x_type, (), rng=rng),
               "b": rng.integers(-500, 500, channels).astype(np.int32)}
-    nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["c"], **conv),
-             helper.make_node("MaxPool", ["c"], ["y"], **pool) if after == "MaxPool" else helper.make_node(
-                 after, ["c", "ys", "yz", "as", "az"], ["y"], domain="com.microsoft",
-                 **({"alpha": 0.2} if after == "QLinearLeakyRelu" else {}))]
+    nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                              ["c" if after else "y"], **conv)]
+    if after is not None:
+        nodes.append(helper.make_node("MaxPool", ["c"], ["y"], **pool) if after == "MaxPool" else helper.make_node(
+            after, ["c", "ys", "yz", "as", "az"], ["y"], domain="com.microsoft",
+            **({"alpha": 0.2} if after == "QLinearLeakyRelu" else {})))
     values.update({"as": np.float32(0.008 if after == "QLinearSigmoid" else 0.1), "az": integers(x_type, (), rng=rng)})
-    model = make_model(nodes, [("x", x_type, x_shape)], [("y", x_type, [None] * len(x_shape))], values, opset=12,
+    x_input = ("x", x_type, x_shape)
+    if quantized:  # by other parameters than the convolution's: each is used as given
+        nodes.insert(0, helper.make_node("QuantizeLinear", ["f", "qs", "qz"], ["x"]))
+        values.update({"qs": np.float32(0.03), "qz": integers(x_type, (), rng=rng)})
+        x_input = ("f", np.float32, x_shape)
+    model = make_model(nodes, [x_input], [("y", x_type, [None] * len(x_shape))], values, opset=12,
                        extra_opsets={"com.microsoft": 1})
     fused, literal = onnx2torch_rnn.convert(model), onnx2torch_rnn.convert(model, fuse=False)
     assert [type(m).__name__ for m in fused.children()] == ["QLinearConv"]
     for seed in range(3):
-        x = integers(x_type, x_shape, rng=np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        x = (rng.standard_normal(x_shape) * 3).astype(np.float32) if quantized else integers(x_type, x_shape, rng=rng)
         with torch.no_grad():
             got, as_written = fused(torch.from_numpy(x)), literal(torch.from_numpy(x))
         assert torch.equal(got, as_written)
-        np.testing.assert_array_equal(got.numpy(), run_onnxruntime(model, {"x": x})[0], strict=True)
+        np.testing.assert_array_equal(got.numpy(), run_onnxruntime(model, {x_input[0]: x})[0], strict=True)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])

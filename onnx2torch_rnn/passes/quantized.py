@@ -134,8 +134,7 @@ def pooled_qlinear_conv(view: GraphView):
     for node in view.nodes:
         chain = _chain(view, node, "QLinearConv", "MaxPool")
         if chain is not None and _one_output(chain[1].node):
-            yield _pair("pooled_qlinear_conv", "pooled QLinearConv", chain,
-                        lambda ctx, conv=chain[0], pool=chain[1]: _convert_qlinear_conv(ctx, conv, "pool", pool))
+            yield _conv_fusion(view, "pooled_qlinear_conv", "pooled QLinearConv", chain, "pool")
 
 
 @register_pattern("looked_up_qlinear_conv")
@@ -149,19 +148,81 @@ def looked_up_qlinear_conv(view: GraphView):
         if (lookup is not None and lookup.node.domain == "com.microsoft"
                 and all(view.is_constant(name) for name in lookup.node.input[1:] if name)
                 and any(lookup.node.input[2:5:2])):
-            yield _pair("looked_up_qlinear_conv", "looked-up QLinearConv", chain,
-                        lambda ctx, conv=chain[0], lookup=lookup: _convert_qlinear_conv(ctx, conv, "lookup", lookup))
+            yield _conv_fusion(view, "looked_up_qlinear_conv", "looked-up QLinearConv", chain, "lookup")
 
 
-def _convert_qlinear_conv(ctx, conv: QLinearNode, role: str, after: QLinearNode) -> Converted:
-    """QLinearConv's module with the module of the node ``after`` it as its ``role`` (pool or lookup)."""
+@register_pattern("quantized_qlinear_conv")
+def quantized_qlinear_conv(view: GraphView):
+    """QuantizeLinear -> QLinearConv (the float input of a QOperator CNN) where no pooling or activation joins it
+    (the patterns above take the QuantizeLinear along): one module, the convolution's native call quantizing its x
+    (the same integers: quantize_linear's arithmetic)."""
+    from .qdq import qlinear_node
+
+    for node in view.nodes:
+        conv = qlinear_node(view, node, "QLinearConv")
+        if conv is not None and not conv.shift and _quantizer(view, conv) is not None:
+            yield _conv_fusion(view, "quantized_qlinear_conv", "quantized QLinearConv", (conv, None, []))
+
+
+def _quantizer(view: GraphView, conv: QLinearNode) -> onnx.NodeProto | None:
+    """The QuantizeLinear that makes ``conv``'s x of float32 values and that only ``conv`` reads, by a constant
+    float32 scale and zero point of one value each, to uint8 or int8 (what QLinearConv's native call quantizes
+    itself), else None."""
+    name, inside = conv.node.input[0], {id(n) for n in conv.nodes}
+    quantizer, readers = view.producer.get(name), view.consumers.get(name, [])
+
+    def only_conv(reader: onnx.NodeProto) -> bool:  # the convolution, or (QDQ) a DequantizeLinear only it reads
+        output = reader.output[0] if _op(reader, "DequantizeLinear") and reader.input[0] == name else None
+        return id(reader) in inside or (output is not None and output not in view.graph_outputs and bool(
+            view.consumers.get(output)) and all(id(c) in inside for c in view.consumers[output]))
+
+    if not (_op(quantizer, "QuantizeLinear") and readers and all(map(only_conv, readers))
+            and name not in view.graph_outputs and view.elem_type(quantizer.input[0]) == _FLOAT):
+        return None
+    scale, zero = ([*quantizer.input, ""][1:3])
+    output = attribute(quantizer, "output_dtype", 0) or onnx.TensorProto.UINT8  # without a zero point
+    scale, zero = view.folded(scale), view.folded(zero) if zero else np.zeros((), {
+        onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8}.get(output, np.float32))
+    ok = (scale is not None and scale.dtype == np.float32 and scale.size == 1 and zero is not None
+          and zero.dtype in (np.uint8, np.int8) and zero.size == 1)
+    return quantizer if ok else None
+
+
+def _conv_fusion(view: GraphView, pattern: str, op_type: str, chain: tuple, role: str = "") -> Fusion:
+    """A convolution's ``_chain`` (the node after it as its ``role``, pool or lookup; (conv, None, []): the
+    convolution alone) as one fusion, with the QuantizeLinear before it where one makes its x (``_quantizer``)."""
+    conv, after = chain[0], {} if chain[1] is None else {role: chain[1]}
+    quantizer = _quantizer(view, conv)
+
+    def convert(ctx):
+        return _convert_qlinear_conv(ctx, conv, quantizer, after)
+
+    fusion = conv.fusion(pattern) if chain[1] is None else _pair(pattern, op_type, chain, convert)
+    fusion.op_type, fusion.convert = op_type, convert
+    if quantizer is not None:
+        x = conv.node.input[0]
+        taken = {id(n) for n in fusion.nodes}
+        readers = [r for r in view.consumers[x] if id(r) not in taken]  # QDQ: its DequantizeLinear
+        fusion.nodes = [*fusion.nodes, quantizer, *readers]
+        fusion.inputs = list(dict.fromkeys([name for name in quantizer.input if name] + [
+            name for name in fusion.inputs if name != x]))
+    return fusion
+
+
+def _convert_qlinear_conv(ctx, conv: QLinearNode, quantizer: onnx.NodeProto | None,
+                          after: dict[str, QLinearNode]) -> Converted:
+    """QLinearConv's module with the modules of the nodes ``after`` it by role (pool or lookup) and of the
+    QuantizeLinear before it (quantize), if any."""
     converted = conv.convert(ctx)  # QLinearConv's module, its attributes checked and its constants folded
     args, kwargs = constructor_arguments(converted.module)
     if converted.module.folded:  # the folded constants themselves (the recorded arguments hold stubs of large ones)
         buffers = buffer_dict(converted.module)
         kwargs = {**kwargs, "constants": {name: buffers[name] for name in QLinearConv.FOLDED}}
-    module = QLinearConv(*args, **{**kwargs, role: after.convert(ctx).module})
-    return Converted(module, converted.inputs)
+    modules = {role: node.convert(ctx).module for role, node in after.items()}
+    inputs = list(converted.inputs)
+    if quantizer is not None:
+        modules["quantize"], inputs[0] = ctx.convert(quantizer).module, quantizer.input[0]
+    return Converted(QLinearConv(*args, **{**kwargs, **modules}), inputs)
 
 
 @register_pattern("padded_max_pool")
