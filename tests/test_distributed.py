@@ -94,6 +94,9 @@ def _worker(rank: int, store: str, out: str) -> None:
             results[case, wrapper] = {"losses": losses / WORLD, "params": params, "sharded": sharded}
     if rank == 0:
         torch.save(results, out)
+    # both processes done with the group before either tears it down: a process destroying its gloo pairs while the
+    # other still has them open aborted the latter now and then ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
