@@ -75,9 +75,14 @@ def kept_in(kept: dict, key: tuple, make):
     return value
 
 
+# bound once: small nodes ask at every eager call (dynamo knows is_compiling by identity; torch.compile never reaches
+# the C tracing check of torch.jit.is_tracing: the compiling one comes first)
+is_compiling, is_tracing = torch.compiler.is_compiling, torch._C._is_tracing
+
+
 def eager() -> bool:
     """Whether this is a plain eager call: not compiling, exporting or tracing (sizes are Python ints)."""
-    return not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+    return not is_compiling() and not is_tracing()
 
 
 def attributes_repr(module: nn.Module, names: Sequence[str]) -> str:

@@ -29,9 +29,6 @@ _NATIVE_POOL = frozenset((torch.uint8, torch.int8))  # the native kernel's max_p
 # float32 natively only where the call's fixed cost dominates: on larger maps torch's vectorised pooling is faster
 # (16384 values 2x2: 46 vs 35 us; 3x3 stride 1: 402 vs 243 us), 8-bit ones 2x faster natively from 10^5 values
 _NATIVE_FLOAT_POOL_VALUES = 1 << 12
-# bound once (a pooling asks at every eager call; dynamo knows is_compiling by identity, and never reaches the C
-# tracing check: the compiling one comes first)
-_IS_COMPILING, _IS_TRACING = torch.compiler.is_compiling, torch._C._is_tracing
 
 
 def per_axis(value, n: int, default: int) -> list[int]:
@@ -328,14 +325,14 @@ class MaxPool(_Pool):
 
     def forward(self, x):
         n = len(self.kernel_shape)
-        if not self.indices and not (_IS_COMPILING() or _IS_TRACING()):
+        if not self.indices and eager():
             kept = self.__dict__.get("_native")  # the last eager call's (shape, dtype, native numbers or None)
             if (kept is not None and kept[2] is not None and kept[0] == x.shape and kept[1] == x.dtype and x.is_cpu
                     and not (x.requires_grad and torch.is_grad_enabled())):  # as _eager decides, in fewer steps
                 return native_max_pool(x if x.is_contiguous() else x.contiguous(), kept[2])
-            eager = self._eager(x)
-            if eager is not None:
-                return eager
+            pooled = self._eager(x)
+            if pooled is not None:
+                return pooled
         if self.padding is not None:
             x = pad(x, self.padding[0], self.padding[1], value=self.padding[2])
         _, strides, dilations, begins, ends = self._geometry(x)

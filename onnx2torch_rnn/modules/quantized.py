@@ -28,7 +28,7 @@ from ..recurrent.module import Recurrent, StackOps
 from ..recurrent.op import PACKS, _checked, _owned, output_shapes, state_numbers
 from ..recurrent.runtime import needs_grad, recurrent
 from ..torch_compat import buffer_dict, parameter_dict
-from .common import NATIVE, Module, attributes_repr, kept_geometry, kept_in
+from .common import NATIVE, Module, attributes_repr, is_compiling, is_tracing, kept_geometry, kept_in
 from .nn import AveragePool, Conv, MaxPool, _window_counts, pad
 from .shape import Transpose, broadcast_sizes
 
@@ -244,11 +244,11 @@ def native(*tensors: Tensor) -> bool:
     or tracing. Every eager int8 node asks (it cost 0.75 us, now 0.3): the checks bound once (dynamo knows
     is_compiling by identity), grad mode before the tensors' flags, torch.jit.is_tracing's C check (torch.compile
     never reaches it: the compiling check comes first)."""
-    return (not _IS_COMPILING() and tensors[0].is_cpu and not (_GRAD_ENABLED() and needs_grad(tensors))
-            and not _IS_TRACING() and kernel.load("int8"))
+    return (not is_compiling() and tensors[0].is_cpu and not (_GRAD_ENABLED() and needs_grad(tensors))
+            and not is_tracing() and kernel.load("int8"))
 
 
-_IS_COMPILING, _GRAD_ENABLED, _IS_TRACING = torch.compiler.is_compiling, torch.is_grad_enabled, torch._C._is_tracing
+_GRAD_ENABLED = torch.is_grad_enabled
 
 
 def dynamic_quantize(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
